@@ -1,0 +1,306 @@
+"""Split-KV attention for the EAGLE topk=1 verify *chain*, reading the page table directly.
+
+Problem. In ``ForwardMode.TARGET_VERIFY`` with ``speculative_eagle_topk == 1`` every request
+``i`` carries ``num_draft_tokens = num_steps + 1`` query tokens (the bonus token and the drafts)
+at positions ``seq_lens[i] .. seq_lens[i] + num_draft_tokens - 1``. Draft position ``j`` sees the
+``seq_lens[i] + j + 1`` keys ``req_to_token[req_pool_indices[i], 0 : seq_lens[i] + j + 1]``: the
+tree is a causal chain, so no tree mask is needed. The caller writes the draft tokens' K/V into
+the KV pool at ``out_cache_loc`` (= ``req_to_token[req, seq_lens : seq_lens + num_draft_tokens]``)
+before calling this kernel, exactly as the eager verify does.
+
+SGLang 0.5.16's triton verify runs ``extend_attention_fwd`` with grid
+``(bs, heads, cdiv(ndt, BLOCK_M))`` and no KV split: 8 thread blocks at bs 1 for a Kimi TP-8
+shard on a 132-SM H200, each reading the whole context
+(``sglang/kernels/ops/attention/extend_attention.py``). SGLang's own split-KV verify kernel
+(``sglang/kernels/ops/attention/verify_splitkv.py``) is gated to AMD gfx95, runs one program per
+*query head* (re-reading the KV of a GQA group, or MLA's shared latent, once per head), needs a
+flat ``kv_indices`` array rebuilt for every replay, and does not mask non power-of-two head dims
+(so it cannot serve MLA's 576-wide latent).
+
+This kernel is decode-class instead (flash-decoding, as in SGLang's grouped decode kernel and
+FlashMLA's q_len folding): grid ``(bs, kv_heads * row_blocks, num_kv_splits)``; each program
+holds all ``num_draft_tokens x (q_heads / kv_heads)`` query rows of one KV head in one tile, so
+each KV block is read once per split for the whole chain; rows are masked per draft position
+(causal chain); the KV slot of each key is read from ``req_to_token`` itself, so no per-replay
+index building is needed and the only per-replay metadata are ``req_pool_indices`` and
+``seq_lens`` (already in the graph's static buffers). Stage 2 merges the splits by log-sum-exp.
+
+Shapes and dtypes (``T = bs * num_draft_tokens``):
+  q            [T, H, Dk]    bf16/fp16/fp32 (any strides with unit last-dim stride)
+  k_buffer     [S, KVH, Dk]  KV pool keys for this layer (same dtype as q)
+  v_buffer     [S, KVH, Dv]  KV pool values (for MLA a view of the latent: Dv = kv_lora_rank)
+  o            [T, H, Dv]    output, q's dtype
+  req_to_token [P, max_ctx]  int32 page table (page size 1 slot ids)
+  req_pool_indices [bs] int64, seq_lens [bs] int32/int64: prefix length without drafts
+Padded rows (``raw_bs <= row < bs``) may hold any ``req_pool_indices`` row and ``seq_lens >= 1``
+whose first ``seq_lens + num_draft_tokens`` page-table entries are valid slot ids (SGLang pads
+with row 0 and ``seq_len_fill_value = 1``): they read valid slots and never touch real rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Keys per split never go below this (tokens): short contexts use fewer splits.
+MIN_KEYS_PER_SPLIT = 64
+# Upper bound on splits per request (keeps the fp32 partials buffer small).
+MAX_KV_SPLITS = 64
+# Aim for this many programs per SM in stage 1 (2 waves on an H200's 132 SMs).
+PROGRAMS_PER_SM = 2
+
+
+@triton.jit
+def _chain_verify_stage1(
+    Q, K_Buffer, V_Buffer, Req_to_token, Req_pool_indices, Seq_lens,
+    Att_Out, Att_Lse,
+    sm_scale, logit_cap,
+    stride_qt, stride_qh,
+    stride_kbs, stride_kh,
+    stride_vbs, stride_vh,
+    stride_r2t,
+    stride_ot, stride_oh, stride_os,
+    stride_lt, stride_lh,
+    num_splits,
+    NDT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    LK: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_CAP: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1) // ROW_BLOCKS
+    rb = tl.program_id(1) % ROW_BLOCKS
+    split = tl.program_id(2)
+
+    req = tl.load(Req_pool_indices + b)
+    prefix = tl.load(Seq_lens + b).to(tl.int32)
+    total = prefix + NDT
+    eff_splits = tl.minimum(num_splits, tl.cdiv(total, MIN_SPLIT))
+    split_len = tl.cdiv(total, eff_splits)
+    start = split * split_len
+    end = tl.minimum(start + split_len, total)
+
+    rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < NDT * GROUP
+    j = rows // GROUP
+    tok = b * NDT + j
+    head = kvh * GROUP + rows % GROUP
+    limit = prefix + j + 1  # keys [0, limit) are visible to draft position j
+
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < (LK - BLOCK_DPE)
+    dv_ok = offs_dv < LV
+    q_ptr = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
+    q = tl.load(q_ptr + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if BLOCK_DPE > 0:
+        offs_pe = (LK - BLOCK_DPE) + tl.arange(0, BLOCK_DPE)
+        q_pe = tl.load(q_ptr + offs_pe[None, :], mask=row_ok[:, None], other=0.0)
+
+    e_max = tl.zeros([BLOCK_R], dtype=tl.float32) - float("inf")
+    e_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
+    if split < eff_splits:
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < end
+            loc = tl.load(Req_to_token + req * stride_r2t + offs_n, mask=n_ok, other=0).to(tl.int64)
+            k = tl.load(
+                K_Buffer + loc[None, :] * stride_kbs + kvh * stride_kh + offs_d[:, None],
+                mask=n_ok[None, :] & d_ok[:, None], other=0.0,
+            )
+            qk = tl.dot(q, k.to(q.dtype))
+            if BLOCK_DPE > 0:
+                k_pe = tl.load(
+                    K_Buffer + loc[None, :] * stride_kbs + kvh * stride_kh + offs_pe[:, None],
+                    mask=n_ok[None, :], other=0.0,
+                )
+                qk += tl.dot(q_pe, k_pe.to(q_pe.dtype))
+            qk *= sm_scale
+            if USE_CAP:
+                qk = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * qk / logit_cap)) - 1.0)
+            vis = (offs_n[None, :] < limit[:, None]) & n_ok[None, :] & row_ok[:, None]
+            qk = tl.where(vis, qk, -1.0e30)
+            n_e_max = tl.maximum(tl.max(qk, 1), e_max)
+            re_scale = tl.exp(e_max - n_e_max)
+            p = tl.where(vis, tl.exp(qk - n_e_max[:, None]), 0.0)
+            v = tl.load(
+                V_Buffer + loc[:, None] * stride_vbs + kvh * stride_vh + offs_dv[None, :],
+                mask=n_ok[:, None] & dv_ok[None, :], other=0.0,
+            )
+            acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v)
+            e_sum = e_sum * re_scale + tl.sum(p, 1)
+            e_max = n_e_max
+        has = e_sum > 0.0
+        out = acc / tl.where(has, e_sum, 1.0)[:, None]
+        lse = tl.where(has, e_max + tl.log(tl.where(has, e_sum, 1.0)), float("-inf"))
+        o_ptr = Att_Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os
+        tl.store(o_ptr + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
+        tl.store(Att_Lse + tok * stride_lt + head * stride_lh + split, lse, mask=row_ok)
+
+
+@triton.jit
+def _chain_verify_stage2(
+    Att_Out, Att_Lse, O, Seq_lens,
+    stride_ot, stride_oh, stride_os,
+    stride_lt, stride_lh,
+    stride_obs, stride_oh_out,
+    num_splits,
+    NDT: tl.constexpr, BLOCK_DV: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr,
+):
+    tok = tl.program_id(0)
+    head = tl.program_id(1)
+    total = tl.load(Seq_lens + tok // NDT).to(tl.int32) + NDT
+    eff_splits = tl.minimum(num_splits, tl.cdiv(total, MIN_SPLIT))
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < LV
+    m = float("-inf")
+    s = 0.0
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for sp in range(0, eff_splits):
+        lse = tl.load(Att_Lse + tok * stride_lt + head * stride_lh + sp)
+        o = tl.load(Att_Out + tok * stride_ot + head * stride_oh + sp * stride_os + offs_dv,
+                    mask=dv_ok, other=0.0)
+        n_m = tl.maximum(m, lse)
+        w_old = tl.where(m > float("-inf"), tl.exp(m - n_m), 0.0)
+        w_new = tl.where(lse > float("-inf"), tl.exp(lse - n_m), 0.0)
+        acc = acc * w_old + o * w_new
+        s = s * w_old + w_new
+        m = n_m
+    tl.store(O + tok * stride_obs + head * stride_oh_out + offs_dv,
+             (acc / s).to(O.dtype.element_ty), mask=dv_ok)
+
+
+@dataclass(frozen=True)
+class ChainVerifyShape:
+    """Static shape of one attention layer's chain verify (one per model, set at capture).
+
+    num_q_heads / num_kv_heads: heads of this TP rank; head_dim_qk (Dk) and head_dim_v (Dv) in
+    elements; rope_dim: trailing part of Dk loaded as a separate tile (MLA: 64, else 0);
+    num_draft_tokens: tokens per request (num_steps + 1).
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    num_draft_tokens: int
+    rope_dim: int = 0
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def rows(self) -> int:
+        """Query rows per (request, KV head): num_draft_tokens x GQA group."""
+        return self.num_draft_tokens * self.group
+
+    @property
+    def block_r(self) -> int:
+        return max(16, min(32, triton.next_power_of_2(self.rows)))
+
+    @property
+    def row_blocks(self) -> int:
+        return triton.cdiv(self.rows, self.block_r)
+
+
+def choose_num_kv_splits(shape: ChainVerifyShape, bs: int, num_sms: int,
+                         override: int | None = None) -> int:
+    """Splits per request for a batch of ``bs`` requests (a power of two in [1, MAX_KV_SPLITS]).
+
+    Chosen so stage 1 launches about ``PROGRAMS_PER_SM * num_sms`` programs; at run time each
+    request uses ``min(num_kv_splits, cdiv(seq_len + ndt, MIN_KEYS_PER_SPLIT))`` of them. Depends
+    only on ``bs`` (a Python int), so it is fixed per captured bucket.
+    """
+    if override:
+        return max(1, min(MAX_KV_SPLITS, int(override)))
+    base = max(1, bs * shape.num_kv_heads * shape.row_blocks)
+    want = max(1, math.ceil(PROGRAMS_PER_SM * num_sms / base))
+    return max(1, min(MAX_KV_SPLITS, triton.next_power_of_2(want)))
+
+
+def workspace_numel(shape: ChainVerifyShape, bs: int, num_kv_splits: int) -> tuple[int, int]:
+    """Elements of the fp32 partial-output and LSE buffers for ``bs`` requests."""
+    t = bs * shape.num_draft_tokens
+    return t * shape.num_q_heads * num_kv_splits * shape.head_dim_v, t * shape.num_q_heads * num_kv_splits
+
+
+def chain_verify_attention_fwd(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    shape: ChainVerifyShape, num_kv_splits: int, sm_scale: float,
+    att_out_flat: torch.Tensor, att_lse_flat: torch.Tensor, logit_cap: float = 0.0,
+) -> torch.Tensor:
+    """Run the two-stage chain verify attention; writes and returns ``o`` ([T, H, Dv]).
+
+    ``att_out_flat`` / ``att_lse_flat``: fp32 scratch with at least ``workspace_numel(...)``
+    elements (static buffers under a CUDA graph). Raises ValueError on inconsistent shapes.
+    """
+    bs = req_pool_indices.shape[0]
+    t = bs * shape.num_draft_tokens
+    h, dk, dv = shape.num_q_heads, shape.head_dim_qk, shape.head_dim_v
+    if q.shape[0] != t or q.shape[1] != h or q.shape[2] != dk or o.shape[0] != t:
+        raise ValueError(f"chain verify: q {tuple(q.shape)} / o {tuple(o.shape)} do not match "
+                         f"bs={bs} x num_draft_tokens={shape.num_draft_tokens}, H={h}, Dk={dk}")
+    n_out, n_lse = workspace_numel(shape, bs, num_kv_splits)
+    if att_out_flat.numel() < n_out or att_lse_flat.numel() < n_lse:
+        raise ValueError("chain verify: workspace too small for this batch")
+    att_out = att_out_flat[:n_out].view(t, h, num_kv_splits, dv)
+    att_lse = att_lse_flat[:n_lse].view(t, h, num_kv_splits)
+    block_dpe = shape.rope_dim
+    block_d = triton.next_power_of_2(dk - block_dpe)
+    block_dv = triton.next_power_of_2(dv)
+    big = block_d >= 256 or block_dv >= 256
+    grid1 = (bs, shape.num_kv_heads * shape.row_blocks, num_kv_splits)
+    _chain_verify_stage1[grid1](
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, att_out, att_lse,
+        sm_scale, logit_cap,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
+        att_out.stride(0), att_out.stride(1), att_out.stride(2),
+        att_lse.stride(0), att_lse.stride(1),
+        num_kv_splits,
+        NDT=shape.num_draft_tokens, GROUP=shape.group, ROW_BLOCKS=shape.row_blocks,
+        BLOCK_R=shape.block_r, BLOCK_N=32 if big else 64,
+        BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv, LK=dk, LV=dv,
+        MIN_SPLIT=MIN_KEYS_PER_SPLIT, USE_CAP=logit_cap > 0,
+        num_warps=8 if big else 4, num_stages=2,
+    )
+    _chain_verify_stage2[(t, h)](
+        att_out, att_lse, o, seq_lens,
+        att_out.stride(0), att_out.stride(1), att_out.stride(2),
+        att_lse.stride(0), att_lse.stride(1), o.stride(0), o.stride(1),
+        num_kv_splits,
+        NDT=shape.num_draft_tokens, BLOCK_DV=block_dv, LV=dv, MIN_SPLIT=MIN_KEYS_PER_SPLIT,
+        num_warps=4 if block_dv >= 256 else 2, num_stages=1,
+    )
+    return o
+
+
+def chain_verify_attention_ref(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    num_draft_tokens: int, sm_scale: float, logit_cap: float = 0.0,
+) -> torch.Tensor:
+    """Plain PyTorch float64 reference of the same function (slow; for tests). Returns [T, H, Dv]."""
+    t, h, _ = q.shape
+    kvh = k_buffer.shape[1]
+    out = torch.empty(t, h, v_buffer.shape[2], dtype=torch.float64, device=q.device)
+    for i in range(req_pool_indices.shape[0]):
+        row = req_to_token[int(req_pool_indices[i])]
+        for jj in range(num_draft_tokens):
+            n = int(seq_lens[i]) + jj + 1
+            locs = row[:n].long()
+            tt = i * num_draft_tokens + jj
+            for hh in range(h):
+                g = hh // (h // kvh)
+                s = (k_buffer[locs, g].double() @ q[tt, hh].double()) * sm_scale
+                if logit_cap > 0:
+                    s = logit_cap * torch.tanh(s / logit_cap)
+                out[tt, hh] = torch.softmax(s, 0) @ v_buffer[locs, g].double()
+    return out

@@ -1,0 +1,48 @@
+"""CPU tier: the chain verify Triton kernel under TRITON_INTERPRET=1 against the float64 reference.
+
+Guards the kernel's indexing (page-table reads, causal limit per draft position, GQA row folding,
+MLA 512+64 split tile, split-KV merge, empty splits) without a GPU. Runs in a subprocess because
+TRITON_INTERPRET must be set before triton.jit decorates the kernels.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CASES = [
+    # heads, kv_heads, dk, dv, ndt, seq_lens, rope, splits, cap
+    (4, 2, 64, 64, 3, [5, 100, 200], 0, 4, 0.0),          # GQA, 3 requests, split boundary inside drafts
+    (4, 1, 64, 64, 2, [1, 63, 130], 0, None, 0.0),        # MQA, seq_len 1 (padded-row value)
+    (8, 1, 192, 128, 3, [70, 10], 64, 2, 0.0),             # MLA-style latent: main 128 + rope 64, V = K[..., :128]
+    (4, 2, 64, 64, 4, [300], 0, 8, 5.0),                   # logit soft cap
+    (6, 2, 80, 48, 6, [129, 64, 65], 0, 3, 0.0),           # non power-of-two head dims, ndt 6 (num_steps 5)
+    (16, 1, 576, 512, 2, [40], 64, None, 0.0),             # real MLA widths (kv_lora 512 + rope 64), 16 heads
+]
+
+SCRIPT = """
+import sys, json
+sys.path.insert(0, {kern!r}); sys.path.insert(0, {test!r})
+from kernel_cases import run_case
+h, kvh, dk, dv, ndt, seqs, rope, splits, cap = json.loads(sys.argv[1])
+err = run_case(heads=h, kv_heads=kvh, dk=dk, dv=dv, ndt=ndt, seq_lens=seqs, rope=rope,
+               splits=splits, cap=cap, ctx=512, pool_slots=2048)
+print("ERR", err)
+"""
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"h{c[0]}kv{c[1]}d{c[2]}ndt{c[4]}" for c in CASES])
+def test_chain_kernel_matches_reference_in_interpreter(case):
+    import json
+
+    code = SCRIPT.format(kern=str(ROOT / "sgl-kernel"), test=str(ROOT / "test"))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(case)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    err = float(r.stdout.split("ERR")[-1])
+    assert err < 1e-4, f"relative error {err:.3e}"

@@ -1,0 +1,52 @@
+"""Shared random cases for the chain verify attention kernel tests (CPU interpreter and GPU).
+
+Each case draws fresh random q / KV pool / page table (``req_to_token``) values, poisons the
+outputs and scratch with NaN, runs ``chain_verify_attention_fwd`` and compares with the float64
+PyTorch reference ``chain_verify_attention_ref`` by ``||out - ref|| / ||ref||``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_verify_kernel import (
+    ChainVerifyShape,
+    chain_verify_attention_fwd,
+    chain_verify_attention_ref,
+    choose_num_kv_splits,
+    workspace_numel,
+)
+
+
+def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens: list[int],
+             rope: int = 0, dtype=torch.float32, device="cpu", cap: float = 0.0,
+             splits: int | None = None, pool_slots: int = 4096, ctx: int = 1024,
+             seed: int = 0) -> float:
+    """Run one case; returns the relative error (raises AssertionError on NaN / unwritten rows)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    bs = len(seq_lens)
+    n_pool_rows = max(8, bs)
+    k_buf = torch.randn(pool_slots, kv_heads, dk, generator=g).to(dtype)
+    # MLA: V is the first dv elements of the latent K (a strided view, as in SGLang's MLA pool).
+    v_buf = k_buf[..., :dv] if rope else torch.randn(pool_slots, kv_heads, dv, generator=g).to(dtype)
+    r2t = torch.stack([torch.randperm(pool_slots - 1, generator=g)[:ctx] + 1
+                       for _ in range(n_pool_rows)]).to(torch.int32)
+    rpi = torch.randperm(n_pool_rows, generator=g)[:bs].long()
+    sl = torch.tensor(seq_lens, dtype=torch.int64)
+    q = torch.randn(bs * ndt, heads, dk, generator=g).to(dtype)
+    k_buf, v_buf, r2t, rpi, sl, q = (x.to(device) for x in (k_buf, v_buf, r2t, rpi, sl, q))
+    if rope:
+        v_buf = k_buf[..., :dv]
+    shape = ChainVerifyShape(heads, kv_heads, dk, dv, ndt, rope)
+    ns = splits or choose_num_kv_splits(shape, bs, 132)
+    n_out, n_lse = workspace_numel(shape, bs, ns)
+    att_out = torch.full((n_out,), float("nan"), device=device)
+    att_lse = torch.full((n_lse,), float("nan"), device=device)
+    o = torch.full((bs * ndt, heads, dv), float("nan"), dtype=dtype, device=device)
+    scale = dk ** -0.5
+    chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, sl, shape, ns, scale, att_out, att_lse, cap)
+    ref = chain_verify_attention_ref(q.cpu(), k_buf.cpu(), v_buf.cpu(), r2t.cpu(), rpi.cpu(), sl.cpu(),
+                                     ndt, scale, cap)
+    out = o.cpu().double()
+    assert not torch.isnan(out).any(), "unwritten or NaN output rows"
+    return ((out - ref).norm() / ref.norm()).item()
