@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Write config-only model folders for SGLang's ``--load-format dummy`` (random weights, no hub).
+
+    python3 scripts/make_models.py OUT_DIR [--only llama-small,llama-8b,kimi-small]
+
+Writes, under OUT_DIR, a target and its EAGLE-3 draft per model family:
+
+=====================  ===========================================================================
+``llama-small/``       LlamaForCausalLM, hidden 2048, 16 layers, 16 heads / 8 KV heads, vocab 32000
+``llama-small-eagle3/`` LlamaForCausalLMEagle3, 1 layer, aux layer ids [1, 7, 12]
+``llama-8b/``          Llama-3.1-8B shape: hidden 4096, 32 layers, 32 heads / 8 KV heads, head_dim 128,
+                       intermediate 14336, vocab 128256, rope_theta 500000 (llama3 rope scaling),
+                       max_position_embeddings 131072
+``llama-8b-eagle3/``   LlamaForCausalLMEagle3, 1 layer, aux layer ids [1, 15, 28], draft_vocab_size 128256
+``kimi-small/``        reduced Kimi-K2-shaped DeepseekV3ForCausalLM (one TP-8 shard's widths: 8 heads,
+                       MLA kv_lora 512 / rope 64, 128 experts top-8 of width 256, shared expert), 6 layers
+``kimi-small-eagle3/`` Llama-style EAGLE-3 draft with hidden 7168, aux layer ids [2, 3, 4]
+=====================  ===========================================================================
+
+Each folder gets ``config.json``, ``generation_config.json`` and a WordLevel tokenizer
+(``tokenizer.json`` + ``tokenizer_config.json``; ids 0/1/2 = unk(pad)/bos/eos, then printable ASCII,
+then filler words up to the vocab size), so ``--skip-tokenizer-init`` is optional.
+Needs only the ``tokenizers`` package and the standard library.
+
+Aux-layer conventions (SGLang 0.5.16): a Llama target captures the residual entering layer
+``id + 1`` for each id; a DeepseekV3 target uses the ids as they are (unless the first is 1). Every
+captured layer must be distinct and < ``num_hidden_layers`` (checked here before writing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+BOS, EOS, PAD = 1, 2, 0
+
+
+def _llama(hidden, layers, heads, kv_heads, intermediate, vocab, max_pos, rope_theta,
+           head_dim=None, rope_scaling=None):
+    return dict(
+        architectures=["LlamaForCausalLM"], model_type="llama",
+        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim or hidden // heads,
+        vocab_size=vocab, max_position_embeddings=max_pos, rms_norm_eps=1e-5,
+        rope_theta=rope_theta, rope_scaling=rope_scaling, hidden_act="silu", initializer_range=0.02,
+        attention_bias=False, mlp_bias=False, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+        tie_word_embeddings=False, torch_dtype="bfloat16", use_cache=True,
+        transformers_version="4.57.0",
+    )
+
+
+def _eagle3_draft(base: dict, aux_ids, target_hidden, draft_vocab=None):
+    """A 1-layer LlamaForCausalLMEagle3 draft sharing the target's vocab (draft_vocab_size key always present)."""
+    d = dict(base, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+             target_hidden_size=target_hidden,
+             draft_vocab_size=draft_vocab if draft_vocab is not None else base["vocab_size"],
+             eagle_config={"eagle_aux_hidden_state_layer_ids": list(aux_ids), "use_aux_hidden_state": True})
+    return d
+
+
+def llama_small():
+    t = _llama(2048, 16, 16, 8, 5632, 32000, 32768, 10000.0)
+    return t, _eagle3_draft(t, [1, 7, 12], 2048)
+
+
+def llama_8b():
+    rs = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    t = _llama(4096, 32, 32, 8, 14336, 128256, 131072, 500000.0, head_dim=128, rope_scaling=rs)
+    return t, _eagle3_draft(t, [1, 15, 28], 4096)
+
+
+def kimi_small(layers: int = 6):
+    """Reduced Kimi-K2 (DeepseekV3) target, as /work/shared/device/make_dsv3.py, + Llama-style draft."""
+    V = 32000
+    t = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
+        "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "first_k_dense_replace": 1,
+        "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 2304, "kv_lora_rank": 512,
+        "max_position_embeddings": 32768, "moe_intermediate_size": 256, "moe_layer_freq": 1,
+        "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "norm_topk_prob": True,
+        "num_attention_heads": 8, "num_experts_per_tok": 8, "num_hidden_layers": layers,
+        "num_key_value_heads": 8, "num_nextn_predict_layers": 0, "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-6, "rope_scaling": None,
+        "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid",
+        "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc",
+        "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128, "vocab_size": V,
+        "initializer_range": 0.02,
+    }
+    aux = [2, layers // 2, layers - 2]
+    base = _llama(7168, 1, 56, 8, 18432, V, 32768, 50000.0, head_dim=128)
+    return t, _eagle3_draft(base, aux, 7168)
+
+
+MODELS = {"llama-small": llama_small, "llama-8b": llama_8b, "kimi-small": kimi_small}
+
+
+def captured_layers(target: dict, aux_ids) -> list:
+    """Target layers whose input residual SGLang 0.5.16 captures for these EAGLE-3 aux ids."""
+    if target["architectures"][0].startswith("Deepseek"):
+        return [i + 1 for i in aux_ids] if aux_ids and aux_ids[0] == 1 else list(aux_ids)
+    return [i + 1 for i in aux_ids]
+
+
+def check_pair(name: str, target: dict, draft: dict) -> None:
+    aux = draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    L = target["num_hidden_layers"]
+    cap = captured_layers(target, aux)
+    assert len(set(aux)) == len(aux) and all(0 <= i < L for i in aux), f"{name}: aux ids {aux} vs {L} layers"
+    assert len(set(cap)) == len(cap) and all(0 <= i < L for i in cap), f"{name}: captured {cap} vs {L} layers"
+    assert draft["vocab_size"] == target["vocab_size"], f"{name}: vocab mismatch"
+    assert draft["target_hidden_size"] == target["hidden_size"], f"{name}: target_hidden_size mismatch"
+    assert "draft_vocab_size" in draft
+
+
+def write_tokenizer(d: str, vocab_size: int, max_pos: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": PAD, "<s>": BOS, "</s>": EOS}
+    for c in range(33, 127):
+        vocab.setdefault(chr(c), len(vocab))
+    i = 0
+    while len(vocab) < vocab_size:
+        vocab.setdefault(f"w{i}", len(vocab))
+        i += 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(os.path.join(d, "tokenizer.json"))
+    _dump(os.path.join(d, "tokenizer_config.json"), {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "pad_token": "<unk>", "model_max_length": max_pos,
+        "add_bos_token": False, "clean_up_tokenization_spaces": False})
+    _dump(os.path.join(d, "special_tokens_map.json"),
+          {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<unk>"})
+
+
+def _dump(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def write_model(out: str, name: str, cfg: dict) -> str:
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    _dump(os.path.join(d, "config.json"), cfg)
+    _dump(os.path.join(d, "generation_config.json"), {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD})
+    write_tokenizer(d, cfg["vocab_size"], cfg["max_position_embeddings"])
+    return d
+
+
+def describe(name: str, cfg: dict) -> str:
+    ks = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "vocab_size", "draft_vocab_size", "max_position_embeddings")
+    parts = [f"{k}={cfg[k][0] if k == 'architectures' else cfg[k]}" for k in ks if k in cfg]
+    if "eagle_config" in cfg:
+        parts.append(f"aux={cfg['eagle_config']['eagle_aux_hidden_state_layer_ids']}")
+    return f"{name}: " + " ".join(parts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="output folder (created)")
+    ap.add_argument("--only", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
+    a = ap.parse_args(argv)
+    names = [n for n in a.only.split(",") if n]
+    bad = [n for n in names if n not in MODELS]
+    if bad:
+        ap.error(f"unknown model(s) {bad}; choose from {list(MODELS)}")
+    for n in names:
+        target, draft = MODELS[n]()
+        check_pair(n, target, draft)
+        for sub, cfg in ((n, target), (f"{n}-eagle3", draft)):
+            d = write_model(a.out, sub, cfg)
+            print(f"wrote {d}  ({describe(sub, cfg)})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""CPU tier: scripts/make_models.py writes loadable config-only model folders for --load-format dummy.
+
+Checks the EAGLE-3 pairs the GPU job uses: aux layer ids distinct and < target num_hidden_layers
+(also after SGLang 0.5.16's Llama +1 shift), ``draft_vocab_size`` present, vocab sizes equal,
+``target_hidden_size`` = target hidden, the Llama-3.1-8B shape, and a tokenizer that covers the vocab.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "make_models.py")
+NAMES = ["llama-small", "llama-8b", "kimi-small"]
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    pytest.importorskip("tokenizers")
+    out = tmp_path_factory.mktemp("models")
+    r = subprocess.run([sys.executable, SCRIPT, str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for n in NAMES:
+        assert f"wrote {os.path.join(str(out), n)} " in r.stdout
+        assert f"wrote {os.path.join(str(out), n + '-eagle3')} " in r.stdout
+    return str(out)
+
+
+def _cfg(d, name):
+    with open(os.path.join(d, name, "config.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_eagle3_pair_is_consistent(models_dir, name):
+    t, d = _cfg(models_dir, name), _cfg(models_dir, name + "-eagle3")
+    assert d["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert d["num_hidden_layers"] == 1
+    L = t["num_hidden_layers"]
+    aux = d["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert len(aux) == 3 and len(set(aux)) == 3
+    assert all(0 <= i < L for i in aux)
+    if t["architectures"] == ["LlamaForCausalLM"]:  # Llama captures the residual entering layer id+1
+        assert all(i + 1 < L for i in aux)
+    assert "draft_vocab_size" in d and d["draft_vocab_size"] == t["vocab_size"]
+    assert d["vocab_size"] == t["vocab_size"]
+    assert d["target_hidden_size"] == t["hidden_size"]
+    for sub in (name, name + "-eagle3"):
+        for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            assert os.path.isfile(os.path.join(models_dir, sub, f)), (sub, f)
+
+
+def test_llama_8b_shape(models_dir):
+    t = _cfg(models_dir, "llama-8b")
+    assert t["architectures"] == ["LlamaForCausalLM"]
+    assert (t["hidden_size"], t["num_hidden_layers"], t["num_attention_heads"], t["num_key_value_heads"]) == (4096, 32, 32, 8)
+    assert (t["head_dim"], t["intermediate_size"], t["vocab_size"]) == (128, 14336, 128256)
+    assert t["rope_theta"] == 500000.0 and t["max_position_embeddings"] >= 32768
+    assert _cfg(models_dir, "llama-8b-eagle3")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 15, 28]
+
+
+def test_small_llama_and_kimi_shapes(models_dir):
+    s = _cfg(models_dir, "llama-small")
+    assert (s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], s["num_key_value_heads"], s["vocab_size"]) == (2048, 16, 16, 8, 32000)
+    k = _cfg(models_dir, "kimi-small")
+    assert k["architectures"] == ["DeepseekV3ForCausalLM"] and k["num_hidden_layers"] == 6
+    assert (k["kv_lora_rank"], k["qk_rope_head_dim"], k["n_routed_experts"], k["num_experts_per_tok"]) == (512, 64, 128, 8)
+    assert _cfg(models_dir, "kimi-small-eagle3")["hidden_size"] == 7168
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tokenizer_covers_vocab(models_dir, name):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(models_dir, name, "tokenizer.json"))
+    assert tok.get_vocab_size() == _cfg(models_dir, name)["vocab_size"]
+    assert tok.token_to_id("</s>") == 2 and tok.token_to_id("<s>") == 1
+
+
+def test_only_flag_and_unknown_name(tmp_path):
+    pytest.importorskip("tokenizers")
+    r = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "--only", "llama-small"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["llama-small", "llama-small-eagle3"]
+    r = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "--only", "nope"], capture_output=True, text=True)
+    assert r.returncode != 0 and "unknown model" in r.stderr
