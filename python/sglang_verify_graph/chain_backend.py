@@ -1,0 +1,184 @@
+"""The attention path of the verify graph: SGLang's triton backend with TARGET_VERIFY served by
+the split-KV chain kernel (``sgl_verify_kernel``), for MHA/GQA (Llama) and absorbed MLA
+(DeepSeek-V3 / Kimi-K2.5, where q/k are 576 = kv_lora_rank 512 + rope 64 wide and v is the
+512-wide latent).
+
+It is installed as the *target* model runner's attention backend (SGLang's own
+``register_attention_backend("triton")`` registry, see ``sglang_adapter``), so the graph and the
+rare eager verify (a batch above the largest bucket) use the same kernel, and nothing reads a
+tree mask: with ``speculative_eagle_topk == 1`` the draft tree is a causal chain. Every other
+forward mode (prefill, draft extend, decode) is SGLang's triton backend unchanged.
+
+Per-replay metadata: none. The kernel reads ``req_pool_indices`` and ``seq_lens`` from the
+graph's static input buffers and the page table (``req_to_token``) directly; upstream instead
+rebuilds a flat ``kv_indices`` array and copies a tree mask of
+``num_draft_tokens * (seq_len + num_draft_tokens)`` bytes per request on every replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sgl_verify_kernel import (
+    ChainVerifyShape,
+    chain_verify_attention_fwd,
+    choose_num_kv_splits,
+    workspace_numel,
+)
+from sglang_verify_graph import sglang_adapter as sa
+from sglang_verify_graph.config import VerifyGraphConfig, VerifyGraphConfigError
+from sglang_verify_graph.counters import get_counters
+
+logger = logging.getLogger("sglang_verify_graph")
+
+_TILE_SPLITS = (16, 32, 64, 128)
+
+
+def rope_tile(head_dim_qk: int) -> int:
+    """Trailing part of Dk loaded as its own tile: 576 -> 64 (MLA), 192 -> 64, 128 -> 0."""
+    main = 1 << (head_dim_qk.bit_length() - 1)
+    rest = head_dim_qk - main
+    return rest if rest in _TILE_SPLITS else 0
+
+
+@dataclass(frozen=True)
+class ChainMetadata:
+    """What the chain kernel reads in one verify forward (graph: static buffer views)."""
+
+    req_pool_indices: torch.Tensor  # [bs] int64
+    seq_lens: torch.Tensor  # [bs] int64, prefix length without drafts
+    num_kv_splits: int
+    att_out: torch.Tensor  # fp32 scratch
+    att_lse: torch.Tensor  # fp32 scratch
+
+
+class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
+    """TritonAttnBackend whose TARGET_VERIFY is the chain kernel. Raises VerifyGraphConfigError
+    at construction when the model uses a feature the chain kernel does not serve."""
+
+    def __init__(self, model_runner, cfg: VerifyGraphConfig):
+        super().__init__(model_runner)
+        self.verify_cfg = cfg
+        problems = []
+        if self.sliding_window_size is not None and self.sliding_window_size > 0:
+            problems.append("sliding-window attention")
+        if self.use_sliding_window_kv_pool or self._translate_kv_loc is not None:
+            problems.append("hybrid / unified KV pool")
+        if self.dcp_size > 1:
+            problems.append("decode context parallelism")
+        if self.enable_deterministic:
+            problems.append("--enable-deterministic-inference")
+        pool = self.token_to_kv_pool
+        layer0 = getattr(pool, "start_layer", 0) or 0
+        k_buf = pool.get_key_buffer(layer0)
+        v_buf = pool.get_value_buffer(layer0)
+        if k_buf.dtype != model_runner.model_config.dtype:
+            problems.append(f"KV cache dtype {k_buf.dtype} (needs the model dtype; drop --kv-cache-dtype)")
+        if problems:
+            raise VerifyGraphConfigError(
+                flag="--enable-verify-cuda-graph",
+                message=f"the chain verify attention does not support {', '.join(problems)}",
+                fix="remove --enable-verify-cuda-graph for this model",
+            )
+        dk, dv = k_buf.shape[-1], v_buf.shape[-1]
+        self.chain_shape = ChainVerifyShape(
+            num_q_heads=self.num_head, num_kv_heads=k_buf.shape[1], head_dim_qk=dk,
+            head_dim_v=dv, num_draft_tokens=cfg.num_draft_tokens, rope_dim=rope_tile(dk),
+        )
+        self._chain_static: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._chain_meta: Optional[ChainMetadata] = None
+        logger.info("chain verify attention: %s (%s)", self.chain_shape,
+                    "absorbed MLA" if self.use_mla else "MHA/GQA")
+
+    # ---- sizing ---------------------------------------------------------------------------
+    def num_kv_splits_for(self, bs: int) -> int:
+        return choose_num_kv_splits(self.chain_shape, bs, self.device_core_count,
+                                    self.verify_cfg.num_kv_splits)
+
+    def _workspace_for(self, bs: int) -> tuple[int, int]:
+        return workspace_numel(self.chain_shape, bs, self.num_kv_splits_for(bs))
+
+    # ---- graph state ----------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        """Allocate the chain kernel's fp32 scratch for every bucket up to ``max_bs`` (shared by
+        all layers and buckets). Upstream's verify buffers (flat kv_indices of
+        ``max_num_tokens * max_context_len`` int64 and a tree mask of as many bytes) are not
+        allocated: the chain kernel needs neither."""
+        n_out = n_lse = 0
+        for bs in range(1, max_bs + 1):
+            o, l = self._workspace_for(bs)
+            n_out, n_lse = max(n_out, o), max(n_lse, l)
+        self._chain_static = (
+            torch.empty(n_out, dtype=torch.float32, device=self.device),
+            torch.empty(n_lse, dtype=torch.float32, device=self.device),
+        )
+        self.chain_workspace_numel = (n_out, n_lse)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if not forward_batch.forward_mode.is_target_verify():
+            return super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if in_capture:
+            bs = forward_batch.batch_size
+            att_out, att_lse = self._chain_static
+            self._chain_meta = ChainMetadata(
+                forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs],
+                self.num_kv_splits_for(bs), att_out, att_lse,
+            )
+        # Replay: the captured kernels read the static req_pool_indices / seq_lens buffers,
+        # which the runner has just filled; nothing to build.
+
+    def init_forward_metadata(self, forward_batch):
+        if not forward_batch.forward_mode.is_target_verify():
+            return super().init_forward_metadata(forward_batch)
+        bs = forward_batch.batch_size
+        n_out, n_lse = self._workspace_for(bs)
+        if self._chain_static is not None and self._chain_static[0].numel() >= n_out \
+                and self._chain_static[1].numel() >= n_lse:
+            att_out, att_lse = self._chain_static
+        else:
+            att_out = torch.empty(n_out, dtype=torch.float32, device=self.device)
+            att_lse = torch.empty(n_lse, dtype=torch.float32, device=self.device)
+        self._chain_meta = ChainMetadata(forward_batch.req_pool_indices, forward_batch.seq_lens,
+                                         self.num_kv_splits_for(bs), att_out, att_lse)
+        counters = get_counters()
+        if counters is not None:
+            counters.count_eager_verify()
+
+    def get_verify_buffers_to_fill_after_draft(self):
+        # No tree-mask scratch: the chain needs no mask (see sglang_adapter.build_verify_input_hook).
+        return [None, None]
+
+    # ---- the forward ----------------------------------------------------------------------
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
+                       score_mod=None, aux_tensors=None):
+        if not forward_batch.forward_mode.is_target_verify():
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache,
+                                          sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
+        unsupported = [name for name, bad in (
+            ("attention sinks", sinks is not None), ("score_mod", score_mod is not None),
+            ("sliding window", layer.sliding_window_size is not None and layer.sliding_window_size > -1),
+            ("cross attention", layer.is_cross_attention),
+            ("fp8 KV scales", layer.k_scale is not None),
+            ("xai temperature", (layer.xai_temperature_len or -1) > 0),
+        ) if bad]
+        if unsupported or k is None or v is None:
+            raise RuntimeError(f"chain verify attention: layer {layer.layer_id} uses "
+                               f"{unsupported or 'no fresh K/V'}; remove --enable-verify-cuda-graph")
+        meta = self._chain_meta
+        if save_kv_cache:
+            self._set_kv_buffer(forward_batch, layer, sa.kv_write_loc(forward_batch.out_cache_loc), k, v)
+        o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
+        cap = sa.logit_cap(layer)
+        chain_verify_attention_fwd(
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+            self.req_to_token, meta.req_pool_indices, meta.seq_lens, self.chain_shape, meta.num_kv_splits,
+            layer.scaling, meta.att_out, meta.att_lse, cap,
+        )
+        return o

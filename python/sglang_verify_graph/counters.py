@@ -1,0 +1,112 @@
+"""Verify-step counters of one scheduler process (one TP rank): graph replays and eager
+fallbacks by reason, read by ``/get_server_info`` (``internal_states[i]["verify_cuda_graph"]``)
+and logged. Host-side integers only: counting never touches the GPU or synchronizes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+logger = logging.getLogger("sglang_verify_graph")
+
+# Fallback reasons (the first refusing condition of DecodeCudaGraphRunner.can_run_graph, 0.5.16).
+REASON_BS_ABOVE_MAX = "batch_size_above_max_captured"
+REASON_REPLACE_EMBEDS = "replace_embeds"
+REASON_WIDTH = "tokens_per_request_mismatch"
+REASON_DP_SYNC = "dp_attention_batch_not_graphable"
+REASON_HIDDEN_MODE = "capture_hidden_mode_mismatch"
+REASON_TBO = "two_batch_overlap_split_impossible"
+REASON_OTHER = "not_graphable_other"
+
+
+@dataclass
+class VerifyCounters:
+    """Counts TARGET_VERIFY forwards of the target model in this process.
+
+    ``verify_steps`` = ``replays`` + ``fallback_total``. ``capture_*`` describe the captured
+    graphs (batch-size buckets, tokens per request, seconds, GiB of GPU memory).
+    """
+
+    runner: str = "VerifyCudaGraphRunner"
+    capture_bs: list = field(default_factory=list)
+    num_draft_tokens: int = 0
+    capture_seconds: float = 0.0
+    graph_mem_gib: float = 0.0
+    attention: str = ""
+    replays: int = 0
+    padded_rows: int = 0
+    fallbacks: Counter = field(default_factory=Counter)
+    log_every: int = 0
+    _last_reason: Optional[str] = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def fallback_total(self) -> int:
+        return sum(self.fallbacks.values())
+
+    @property
+    def verify_steps(self) -> int:
+        return self.replays + self.fallback_total
+
+    def note_refusal(self, reason: str, detail: str = "") -> None:
+        """Record why the runner refused a batch (called from can_run_graph; may repeat per step)."""
+        self._last_reason = reason
+        self._last_detail = detail
+
+    def count_replay(self, bs: int, raw_bs: int) -> None:
+        with self._lock:
+            self.replays += 1
+            self.padded_rows += bs - raw_bs
+        self._maybe_log()
+
+    def count_eager_verify(self) -> None:
+        """One TARGET_VERIFY forward ran eagerly; logs the reason (WARNING the first time per reason)."""
+        reason = self._last_reason or REASON_OTHER
+        with self._lock:
+            self.fallbacks[reason] += 1
+            n = self.fallbacks[reason]
+        if n == 1 or n % 1000 == 0:
+            logger.warning(
+                "verify CUDA graph fallback #%d (%s%s): this verify step ran eagerly",
+                n, reason, f": {getattr(self, '_last_detail', '')}" if getattr(self, "_last_detail", "") else "",
+            )
+        self._last_reason = None
+        self._maybe_log()
+
+    def _maybe_log(self) -> None:
+        if self.log_every and self.verify_steps % self.log_every == 0:
+            logger.info("verify CUDA graph counters: %s", self.snapshot())
+
+    def snapshot(self) -> dict:
+        """JSON-ready view (what /get_server_info returns)."""
+        return {
+            "runner": self.runner,
+            "attention": self.attention,
+            "capture_bs": list(self.capture_bs),
+            "num_draft_tokens": self.num_draft_tokens,
+            "capture_seconds": round(self.capture_seconds, 3),
+            "graph_mem_gib": round(self.graph_mem_gib, 4),
+            "replays": self.replays,
+            "padded_rows": self.padded_rows,
+            "verify_steps": self.verify_steps,
+            "fallbacks": dict(self.fallbacks),
+            "fallback_total": self.fallback_total,
+        }
+
+
+_COUNTERS: Optional[VerifyCounters] = None
+
+
+def get_counters() -> Optional[VerifyCounters]:
+    """This process's counters, or None when no verify runner was installed here."""
+    return _COUNTERS
+
+
+def install_counters(counters: VerifyCounters) -> VerifyCounters:
+    global _COUNTERS
+    _COUNTERS = counters
+    return counters

@@ -1,0 +1,36 @@
+"""Entry point of the ``sglang.srt.plugins`` group (``verify_cuda_graph``).
+
+SGLang calls ``register()`` in every process that loads plugins (the HTTP main process before it
+parses arguments, ``sglang.Engine``, every scheduler process). It registers the CLI hooks
+everywhere and the runtime hooks where the flag is on (schedulers inherit
+``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` from the launcher), applies them at once and checks that
+each took effect. SGLang logs and swallows plugin exceptions, so a failed check when the flag is
+requested ends the process with ``SystemExit`` and one clear line instead of silently serving
+upstream's verify graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+logger = logging.getLogger("sglang_verify_graph")
+
+
+def register() -> None:
+    """Register and verify the plugin's hooks. Raises SystemExit(1) when the flag is requested
+    (command line or environment) but a hook did not take effect."""
+    from sglang_verify_graph import sglang_adapter
+    from sglang_verify_graph.config import FLAG, read_env
+
+    enabled_here = read_env().enabled
+    missing = sglang_adapter.register(runtime=enabled_here)
+    if not missing:
+        logger.info("sglang_verify_graph: hooks installed (runtime=%s)", enabled_here)
+        return
+    msg = (f"error: {FLAG}: the plugin could not hook into this SGLang version "
+           f"(supported: 0.5.16); not applied: {'; '.join(missing)}")
+    if enabled_here or sglang_adapter.argv_requests_flag(FLAG):
+        print(msg, file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    logger.error(msg)

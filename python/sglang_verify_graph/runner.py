@@ -1,0 +1,101 @@
+"""VerifyCudaGraphRunner: the target model's decode-graph runner for EAGLE/EAGLE-3 with
+``speculative_eagle_topk == 1``, installed in place of SGLang's ``DecodeCudaGraphRunner``.
+
+Policy lives here (which batches replay, which bucket, what a refusal is called); mechanics stay
+SGLang's: bucket list (``capture_bs``, padded ``bs`` >= ``raw_bs``), static input buffers and their
+padding, largest-bucket-first capture inside ``graph_capture()`` into the global graph memory
+pool, replay. What differs from upstream's graphed TARGET_VERIFY:
+
+* attention is the split-KV chain kernel of ``ChainVerifyTritonBackend`` (decode-class: KV read
+  once per split for all ``num_draft_tokens`` queries of a KV head; no tree mask);
+* no per-replay attention metadata (no kv_indices build, no mask copy);
+* every replay and every eager fallback is counted, each fallback with its reason, and the
+  counters are served by ``/get_server_info``.
+
+Errors: ``RuntimeError`` when installed on a runner that is not an EAGLE topk=1 target with
+the chain backend (a wiring bug, never silently ignored).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sglang_verify_graph import sglang_adapter as sa
+from sglang_verify_graph.buffers import VerifyStaticBuffers
+from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
+from sglang_verify_graph.config import VerifyGraphConfig
+from sglang_verify_graph import counters as C
+
+logger = logging.getLogger("sglang_verify_graph")
+
+
+class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
+    """Captures one TARGET_VERIFY graph per bucket of ``capture_bs`` requests x
+    ``num_draft_tokens`` tokens and replays it for every verify step that fits."""
+
+    def __init__(self, model_runner, cfg: VerifyGraphConfig, counters: C.VerifyCounters):
+        backend = model_runner.attn_backend
+        if not isinstance(backend, ChainVerifyTritonBackend):
+            raise RuntimeError(f"VerifyCudaGraphRunner needs ChainVerifyTritonBackend, got {type(backend).__name__}")
+        self.verify_cfg = cfg
+        self.counters = counters
+        t0 = time.perf_counter()
+        super().__init__(model_runner)  # builds buffers and captures (largest bucket first)
+        if not self.capture_forward_mode.is_target_verify() or self.captured_req_width != cfg.num_draft_tokens:
+            raise RuntimeError(
+                f"VerifyCudaGraphRunner captured {self.capture_forward_mode.name} x {self.captured_req_width} "
+                f"tokens/request, expected TARGET_VERIFY x {cfg.num_draft_tokens}")
+        n_out, n_lse = backend.chain_workspace_numel
+        self.static_buffers = VerifyStaticBuffers(
+            max_bs=self.max_bs, num_draft_tokens=cfg.num_draft_tokens,
+            hidden_size=model_runner.model_config.hidden_size,
+            num_aux_hidden=sa.num_aux_hidden_states(model_runner),
+            vocab_size=model_runner.model_config.vocab_size,
+            chain_out_numel=n_out, chain_lse_numel=n_lse,
+        )
+        self.static_buffers.check_inputs(self.buffers)
+        counters.capture_bs = list(self.capture_bs)
+        counters.num_draft_tokens = cfg.num_draft_tokens
+        counters.capture_seconds = time.perf_counter() - t0
+        counters.attention = f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})"
+        logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
+
+    # ---- policy ---------------------------------------------------------------------------
+    def can_run_graph(self, forward_batch) -> bool:
+        ok = super().can_run_graph(forward_batch)
+        if not ok and forward_batch.forward_mode.is_target_verify():
+            self.counters.note_refusal(*self.refusal_reason(forward_batch))
+        return ok
+
+    def refusal_reason(self, forward_batch) -> tuple[str, str]:
+        """The first condition of upstream's can_run_graph that refuses this batch."""
+        if forward_batch.replace_embeds is not None:
+            return C.REASON_REPLACE_EMBEDS, ""
+        spec = forward_batch.spec_info
+        width = getattr(spec, "num_tokens_per_req", 0) if spec is not None else 0
+        if width > 0 and width != self.captured_req_width:
+            return C.REASON_WIDTH, f"{width} != {self.captured_req_width}"
+        bs = (max(forward_batch.original_global_num_tokens_cpu) if self.require_mlp_tp_gather
+              else forward_batch.batch_size)
+        if bs > self.max_bs:
+            return C.REASON_BS_ABOVE_MAX, (f"bs={bs} > max captured {self.max_bs}; raise "
+                                           "--cuda-graph-max-bs-decode or lower --max-running-requests")
+        if self.require_mlp_sync and not forward_batch.can_run_dp_cuda_graph:
+            return C.REASON_DP_SYNC, ""
+        if self.enable_two_batch_overlap and not forward_batch.can_run_tbo:
+            return C.REASON_TBO, ""
+        return C.REASON_HIDDEN_MODE, f"graph captured {self.capture_hidden_mode.name}"
+
+    # ---- mechanics hooks -------------------------------------------------------------------
+    def get_spec_info(self, num_tokens: int):
+        spec_info = super().get_spec_info(num_tokens)
+        if spec_info is not None:
+            spec_info.custom_mask = None  # the chain kernel reads no tree mask
+        return spec_info
+
+    def execute(self, forward_batch, pp_proxy_tensors=None):
+        out = super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
+        if forward_batch.forward_mode.is_target_verify():
+            self.counters.count_replay(self.bs, self.raw_bs)
+        return out

@@ -1,0 +1,219 @@
+"""The one module that touches SGLang internals (``sglang.srt.*``); pinned to sglang 0.5.16.
+
+An SGLang upgrade changes this file only. Heavy internals are imported lazily inside functions so
+the HTTP main process (which loads plugins before parsing arguments) imports only
+``server_args`` and the hook registry.
+
+Hook points (0.5.16; see docs/design.md):
+  CLI (every process): ``ServerArgs.add_cli_args`` AFTER (adds the flag),
+    ``ServerArgs.from_cli_args`` AROUND (records it, one-line errors),
+    ``ServerArgs.__post_init__`` AFTER (validation for the CLI and ``sglang.Engine``).
+  Runtime (processes where the flag is on, i.e. schedulers):
+    ``register_attention_backend("triton")`` (SGLang's attention registry): the EAGLE topk=1
+      target gets ``ChainVerifyTritonBackend``;
+    ``cuda_graph_setup.capture_decode_graph`` AROUND: the target gets ``VerifyCudaGraphRunner``
+      instead of ``DecodeCudaGraphRunner`` (upstream's verify graph is not captured as well);
+    ``eagle_worker_common.build_eagle_verify_input`` AROUND: topk=1 chains build the tiny
+      QLEN_ONLY tree mask instead of the full ``ndt * (seq_len + ndt)`` mask + memset;
+    ``Scheduler.get_internal_state`` AFTER: counters under ``"verify_cuda_graph"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Callable
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+logger = logging.getLogger("sglang_verify_graph")
+
+_SA = "sglang.srt.server_args.ServerArgs"
+CAPTURE_DECODE_GRAPH = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph"
+BUILD_VERIFY_INPUT = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
+GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+
+
+# ---- classes and helpers the runner / backend build on ------------------------------------
+def triton_attn_backend_cls():
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    return TritonAttnBackend
+
+
+def decode_cuda_graph_runner_cls():
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    return DecodeCudaGraphRunner
+
+
+def kv_write_loc(out_cache_loc):
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    return KVWriteLoc(out_cache_loc, None, full_loc=None)
+
+
+def logit_cap(layer) -> float:
+    from sglang.srt.layers.attention.triton_backend import logit_capping_mod
+
+    return float(logit_capping_mod(layer.logit_capping_method, layer.logit_cap)) if layer.logit_cap else 0.0
+
+
+def num_aux_hidden_states(model_runner) -> int:
+    ids = getattr(model_runner.spec_aux_config, "eagle_aux_hidden_state_layer_ids", None)
+    return len(ids) if ids else 3
+
+
+def is_eagle_topk1_target(model_runner) -> bool:
+    """The runner this project replaces: the target (not draft) of EAGLE/EAGLE-3 with topk 1."""
+    algo = model_runner.spec_algorithm
+    return (not model_runner.is_draft_worker and algo.is_eagle()
+            and (model_runner.server_args.speculative_eagle_topk or 1) == 1)
+
+
+# ---- runtime hooks -------------------------------------------------------------------------
+def _config_for(model_runner):
+    from sglang_verify_graph.config import build_config
+
+    return build_config(model_runner.server_args)
+
+
+def _install_triton_factory() -> None:
+    from sglang.srt.layers.attention import attention_registry as registry
+
+    original = registry.ATTENTION_BACKENDS["triton"]
+    if getattr(original, "_verify_graph_factory", False):
+        return
+
+    def create_triton_backend(runner):
+        cfg = _config_for(runner) if is_eagle_topk1_target(runner) else None
+        if cfg is None:
+            return original(runner)
+        from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
+
+        return ChainVerifyTritonBackend(runner, cfg)
+
+    create_triton_backend._verify_graph_factory = True
+    registry.register_attention_backend("triton")(create_triton_backend)
+
+
+def capture_decode_graph_hook(original: Callable, *args, **kwargs):
+    """AROUND ``capture_decode_graph(model_runner=...)``: capture VerifyCudaGraphRunner for the
+    EAGLE topk=1 target whose attention backend is the chain backend; otherwise upstream."""
+    model_runner = kwargs.get("model_runner", args[0] if args else None)
+    from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
+
+    if not isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend):
+        return original(*args, **kwargs)
+    from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import DecodeGraphCapture
+    from sglang.srt.utils import get_available_gpu_memory
+
+    from sglang_verify_graph.counters import VerifyCounters, install_counters
+    from sglang_verify_graph.runner import VerifyCudaGraphRunner
+
+    cfg = model_runner.attn_backend.verify_cfg
+    counters = install_counters(VerifyCounters(log_every=cfg.log_every))
+    before = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    try:
+        runner = VerifyCudaGraphRunner(model_runner, cfg, counters)
+    except Exception as e:
+        if "out of memory" in str(e).lower():
+            raise RuntimeError(
+                "--enable-verify-cuda-graph: capturing the verify graphs ran out of GPU memory. "
+                "Fix: lower --cuda-graph-max-bs-decode (fewer/smaller buckets) or "
+                "--mem-fraction-static.") from e
+        raise
+    after = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    counters.graph_mem_gib = before - after
+    logger.info(
+        "VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=%s, num_draft_tokens=%d "
+        "tokens/request, attention=%s, %.2f s, %.3f GiB",
+        counters.capture_bs, counters.num_draft_tokens, counters.attention,
+        counters.capture_seconds, counters.graph_mem_gib)
+    return DecodeGraphCapture(runner=runner, graph_mem_usage=before - after)
+
+
+def build_verify_input_hook(original: Callable, *args, **kwargs):
+    """AROUND ``build_eagle_verify_input``: a topk=1 chain verified by the chain kernel needs no
+    tree mask, so ask for SGLang's smallest mask mode (QLEN_ONLY: bs * ndt^2 bools) instead of
+    FULL_MASK (ndt * (seq_len + ndt) bools per request, memset every step)."""
+    target = kwargs.get("target_worker")
+    if target is not None and kwargs.get("topk") == 1:
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+        from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
+
+        if isinstance(target.model_runner.attn_backend, ChainVerifyTritonBackend):
+            kwargs["tree_mask_mode"] = TreeMaskMode.QLEN_ONLY
+    return original(*args, **kwargs)
+
+
+def internal_state_hook(result, *args, **kwargs):
+    """AFTER ``Scheduler.get_internal_state``: add this rank's counters."""
+    from sglang_verify_graph.counters import get_counters
+
+    counters = get_counters()
+    if counters is not None and isinstance(result, dict):
+        result["verify_cuda_graph"] = counters.snapshot()
+    return result
+
+
+# ---- registration --------------------------------------------------------------------------
+def cli_hooks() -> list[tuple[str, Callable, HookType]]:
+    from sglang_verify_graph import cli
+
+    return [
+        (f"{_SA}.add_cli_args", cli.add_cli_args_hook, HookType.AFTER),
+        (f"{_SA}.from_cli_args", cli.from_cli_args_hook, HookType.AROUND),
+        (f"{_SA}.__post_init__", cli.post_init_hook, HookType.AFTER),
+    ]
+
+
+def runtime_hooks() -> list[tuple[str, Callable, HookType]]:
+    return [
+        (CAPTURE_DECODE_GRAPH, capture_decode_graph_hook, HookType.AROUND),
+        (BUILD_VERIFY_INPUT, build_verify_input_hook, HookType.AROUND),
+        (GET_INTERNAL_STATE, internal_state_hook, HookType.AFTER),
+    ]
+
+
+def _is_applied(target: str, hook: Callable) -> bool:
+    import pkgutil
+
+    obj_path, attr = target.rsplit(".", 1)
+    fn = getattr(pkgutil.resolve_name(obj_path), attr)
+    fn = getattr(fn, "__func__", fn)
+    seen = 0
+    while fn is not None and seen < 16:  # walk the wrapper chain built by HookRegistry
+        if any(c.cell_contents is hook for c in (getattr(fn, "__closure__", None) or ())):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def register(runtime: bool) -> list[str]:
+    """Register the CLI hooks (and the runtime ones when ``runtime``), apply them now and return
+    the targets that did NOT take effect (empty when all is well). SGLang swallows plugin errors,
+    so the caller must act on a non-empty answer."""
+    hooks = cli_hooks() + (runtime_hooks() if runtime else [])
+    for target, hook, kind in hooks:
+        HookRegistry.register(target, hook, kind)
+    HookRegistry.apply_hooks()  # idempotent: SGLang's load_plugins() skips patched targets
+    missing = []
+    for target, hook, _ in hooks:
+        try:
+            if not _is_applied(target, hook):
+                missing.append(target)
+        except Exception as e:  # resolution failed: the target moved in this SGLang version
+            missing.append(f"{target} ({type(e).__name__}: {e})")
+    if runtime:
+        try:
+            _install_triton_factory()
+        except Exception as e:
+            missing.append(f"attention_registry['triton'] ({type(e).__name__}: {e})")
+    return missing
+
+
+def argv_requests_flag(flag: str) -> bool:
+    return flag in sys.argv
