@@ -80,8 +80,8 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
             problems.append(f"KV cache dtype {k_buf.dtype} (needs the model dtype; drop --kv-cache-dtype)")
         if problems:
             raise VerifyGraphConfigError(
-                flag="--enable-verify-cuda-graph",
-                message=f"the chain verify attention does not support {', '.join(problems)}",
+                problem="the chain verify attention does not support this model's KV setup",
+                flag="model / KV cache", value=", ".join(problems),
                 fix="remove --enable-verify-cuda-graph for this model",
             )
         dk, dv = k_buf.shape[-1], v_buf.shape[-1]

@@ -23,7 +23,7 @@ def register() -> None:
     from sglang_verify_graph import sglang_adapter
     from sglang_verify_graph.config import FLAG, read_env
 
-    enabled_here = read_env().enabled
+    enabled_here = read_env().enable
     missing = sglang_adapter.register(runtime=enabled_here)
     if not missing:
         logger.info("sglang_verify_graph: hooks installed (runtime=%s)", enabled_here)
