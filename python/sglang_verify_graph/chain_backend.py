@@ -91,6 +91,7 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
         )
         self._chain_static: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._chain_meta: Optional[ChainMetadata] = None
+        self.selftest_eager = False  # set by selftest.GraphSelfTest around its eager reference
         logger.info("chain verify attention: %s (%s)", self.chain_shape,
                     "absorbed MLA" if self.use_mla else "MHA/GQA")
 
@@ -145,7 +146,7 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
         self._chain_meta = ChainMetadata(forward_batch.req_pool_indices, forward_batch.seq_lens,
                                          self.num_kv_splits_for(bs), att_out, att_lse)
         counters = get_counters()
-        if counters is not None:
+        if counters is not None and not self.selftest_eager:
             counters.count_eager_verify()
 
     def get_verify_buffers_to_fill_after_draft(self):

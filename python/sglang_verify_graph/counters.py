@@ -41,6 +41,7 @@ class VerifyCounters:
     padded_rows: int = 0
     fallbacks: Counter = field(default_factory=Counter)
     log_every: int = 0
+    selftest: dict = field(default_factory=dict)
     _last_reason: Optional[str] = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -95,6 +96,7 @@ class VerifyCounters:
             "verify_steps": self.verify_steps,
             "fallbacks": dict(self.fallbacks),
             "fallback_total": self.fallback_total,
+            **({"selftest": dict(self.selftest)} if self.selftest else {}),
         }
 
 

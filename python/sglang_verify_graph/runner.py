@@ -22,10 +22,11 @@ import logging
 import time
 
 from sglang_verify_graph import sglang_adapter as sa
-from sglang_verify_graph.buffers import VerifyStaticBuffers
+from sglang_verify_graph.buffers import PAD_TOKEN_ID, VerifyStaticBuffers
 from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
 from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph import counters as C
+from sglang_verify_graph.selftest import GraphSelfTest
 
 logger = logging.getLogger("sglang_verify_graph")
 
@@ -60,6 +61,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         counters.capture_seconds = time.perf_counter() - t0
         counters.attention = f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})"
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
+        self.selftest = GraphSelfTest(self) if getattr(cfg, "selftest", False) else None
 
     # ---- policy ---------------------------------------------------------------------------
     def can_run_graph(self, forward_batch) -> bool:
@@ -94,8 +96,21 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
             spec_info.custom_mask = None  # the chain kernel reads no tree mask
         return spec_info
 
+    def load_batch(self, forward_batch, pp_proxy_tensors=None):
+        super().load_batch(forward_batch, pp_proxy_tensors)
+        # SGLang resets the padded tail of positions / out_cache_loc / req_pool_indices /
+        # seq_lens but leaves stale input_ids there (FOREACH_COPY); neutralise it on purpose.
+        n, padded = self.raw_num_token, self.bs * self.captured_req_width
+        if padded > n:
+            self.buffers.input_ids[n:padded].fill_(PAD_TOKEN_ID)
+
     def execute(self, forward_batch, pp_proxy_tensors=None):
+        if not forward_batch.forward_mode.is_target_verify():
+            return super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
+        if self.selftest is not None:
+            self.selftest.poison(self)
         out = super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
-        if forward_batch.forward_mode.is_target_verify():
-            self.counters.count_replay(self.bs, self.raw_bs)
+        self.counters.count_replay(self.bs, self.raw_bs)
+        if self.selftest is not None:
+            self.selftest.compare(self, forward_batch, out)
         return out

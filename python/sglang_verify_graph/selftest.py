@@ -1,0 +1,71 @@
+"""In-server self-test of the verify graph (GPU test tier; off unless
+``SGLANG_VERIFY_GRAPH_SELFTEST=1``): for every replayed verify step it
+
+1. poisons every static GPU input buffer (all rows) with an extreme value before ``load_batch``,
+   so any padded row the runner fails to neutralise indexes far out of range (device assert /
+   illegal memory access, the failure mode of sgl-project/sglang#10892);
+2. after the replay, runs the same batch eagerly (same chain attention, SGLang's eager model
+   forward) and compares the real rows' ``next_token_logits`` and EAGLE-3 aux hidden states;
+3. checks that the static buffers' device addresses never changed since capture.
+
+Results accumulate in the counters (``/get_server_info`` -> ``verify_cuda_graph.selftest``).
+It synchronizes the stream (reads errors back): never enable it when measuring speed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import torch
+
+logger = logging.getLogger("sglang_verify_graph")
+
+POISON = 1 << 40  # far beyond any vocab, position, KV slot or page-table row
+_POISONED = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens")
+
+
+class GraphSelfTest:
+    def __init__(self, runner):
+        self.addresses = {n: getattr(runner.buffers, n).data_ptr() for n in _POISONED}
+        self.result = runner.counters.selftest
+        self.result.update(checks=0, logits_max_rel_err=0.0, hidden_max_rel_err=0.0,
+                           argmax_mismatch=0, addresses_stable=True, bs_seen={}, raw_bs_seen={})
+        self._bs = Counter()
+        self._raw_bs = Counter()
+
+    def poison(self, runner) -> None:
+        for name in _POISONED:
+            buf = getattr(runner.buffers, name)
+            if buf.data_ptr() != self.addresses[name]:
+                self.result["addresses_stable"] = False
+            buf.fill_(POISON)
+
+    @staticmethod
+    def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        a, b = a.float(), b.float()
+        return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+    def compare(self, runner, forward_batch, graph_out) -> None:
+        backend = runner.model_runner.attn_backend
+        logits = graph_out.next_token_logits.clone()
+        hidden = graph_out.hidden_states.clone() if graph_out.hidden_states is not None else None
+        backend.selftest_eager = True
+        try:
+            backend.init_forward_metadata(forward_batch)
+            ref = runner.model_runner.model.forward(
+                forward_batch.input_ids, forward_batch.positions, forward_batch)
+        finally:
+            backend.selftest_eager = False
+        r = self.result
+        r["checks"] += 1
+        r["logits_max_rel_err"] = max(r["logits_max_rel_err"], self._rel(logits, ref.next_token_logits))
+        r["argmax_mismatch"] += int((logits.argmax(-1) != ref.next_token_logits.argmax(-1)).sum().item())
+        if hidden is not None and ref.hidden_states is not None:
+            r["hidden_max_rel_err"] = max(r["hidden_max_rel_err"], self._rel(hidden, ref.hidden_states))
+        elif (hidden is None) != (ref.hidden_states is None):
+            r["hidden_missing"] = r.get("hidden_missing", 0) + 1
+        self._bs[runner.bs] += 1
+        self._raw_bs[runner.raw_bs] += 1
+        r["bs_seen"] = dict(self._bs)
+        r["raw_bs_seen"] = dict(self._raw_bs)
