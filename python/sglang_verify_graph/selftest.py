@@ -14,6 +14,7 @@ It synchronizes the stream (reads errors back): never enable it when measuring s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 
@@ -53,12 +54,16 @@ class GraphSelfTest:
         backend.selftest_eager = True
         try:
             backend.init_forward_metadata(forward_batch)
+            # same split count as the replayed bucket, so attention reduces in the same order
+            backend._chain_meta = dataclasses.replace(
+                backend._chain_meta, num_kv_splits=backend.num_kv_splits_for(runner.bs))
             ref = runner.model_runner.model.forward(
                 forward_batch.input_ids, forward_batch.positions, forward_batch)
         finally:
             backend.selftest_eager = False
         r = self.result
         r["checks"] += 1
+        r["rows"] = r.get("rows", 0) + logits.shape[0]
         r["logits_max_rel_err"] = max(r["logits_max_rel_err"], self._rel(logits, ref.next_token_logits))
         r["argmax_mismatch"] += int((logits.argmax(-1) != ref.next_token_logits.argmax(-1)).sum().item())
         if hidden is not None and ref.hidden_states is not None:
