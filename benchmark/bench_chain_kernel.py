@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Attention-op benchmark of one verify layer on the GPU: our chain kernel vs what SGLang 0.5.16's
+triton backend runs for the same step, each replayed from a CUDA graph (median of
+``triton.testing.do_bench_cudagraph``, ms per call = one layer).
+
+Columns (same KV pool, page table and q in every column):
+  decode   : ``decode_attention_fwd`` for 1 token/request (what a plain decode step runs)
+  upstream : ``extend_attention_fwd`` with the FULL tree mask, as upstream's graphed
+             TARGET_VERIFY runs it (prefix via flat kv_indices, drafts from k/v_extend)
+  splitkv  : SGLang's own ``verify_splitkv_fwd`` (gated to AMD gfx95 in production; MHA only)
+  ours     : ``chain_verify_attention_fwd`` (split-KV over the page table, chain-causal)
+It also checks ours against upstream's output (relative error, bf16).
+
+Shapes: Llama-3.1-8B at TP 1 (32 q heads, 8 KV heads, 128) and one Kimi-K2.5 TP-8 shard in
+absorbed MLA (8 q heads, 1 latent head, Dk 576 = 512 + rope 64, Dv 512).
+
+  python3 benchmark/bench_chain_kernel.py [--contexts 1024 8192] [--bs 1 8] [--ndt 3] [--out f.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import triton
+
+from sgl_verify_kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
+
+SHAPES = {
+    "llama8b_tp1": dict(h=32, kvh=8, dk=128, dv=128, rope=0),
+    "kimi_tp8_mla": dict(h=8, kvh=1, dk=576, dv=512, rope=64),
+}
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def run_point(name, s, ctx, bs, ndt, device="cuda"):
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    torch.manual_seed(ctx + bs)
+    h, kvh, dk, dv, rope = s["h"], s["kvh"], s["dk"], s["dv"], s["rope"]
+    dt = torch.bfloat16
+    slots = bs * (ctx + ndt) + 1
+    k_buf = torch.randn(slots, kvh, dk, device=device, dtype=dt)
+    v_buf = k_buf[..., :dv] if rope else torch.randn(slots, kvh, dv, device=device, dtype=dt)
+    perm = torch.randperm(slots - 1, device=device) + 1
+    r2t = perm.view(-1)[: bs * (ctx + ndt)].view(bs, ctx + ndt).to(torch.int32).contiguous()
+    rpi = torch.arange(bs, device=device, dtype=torch.int64)
+    seq = torch.full((bs,), ctx, device=device, dtype=torch.int64)
+    t = bs * ndt
+    q = torch.randn(t, h, dk, device=device, dtype=dt)
+    scale = dk ** -0.5
+    res = {}
+
+    # ours
+    shape = ChainVerifyShape(h, kvh, dk, dv, ndt, rope)
+    ns = choose_num_kv_splits(shape, bs, torch.cuda.get_device_properties(0).multi_processor_count)
+    n_out, n_lse = workspace_numel(shape, bs, ns)
+    ao = torch.empty(n_out, device=device); al = torch.empty(n_lse, device=device)
+    o_ours = torch.empty(t, h, dv, device=device, dtype=dt)
+    f_ours = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, o_ours, r2t, rpi, seq, shape, ns, scale, ao, al)
+    f_ours()
+    res["ours_ms"] = bench(f_ours)
+    res["ours_splits"] = ns
+
+    # upstream verify: prefix through kv_indices, draft K/V as extend tensors, FULL custom mask
+    draft_locs = r2t[:, ctx:ctx + ndt].reshape(-1).long()
+    k_ext, v_ext = k_buf[draft_locs].contiguous(), v_buf[draft_locs].contiguous()
+    kv_indptr = torch.arange(0, (bs + 1) * ctx, ctx, device=device, dtype=torch.int32)
+    kv_indices = r2t[:, :ctx].reshape(-1).long().contiguous()
+    qo_indptr = torch.arange(0, (bs + 1) * ndt, ndt, device=device, dtype=torch.int32)
+    mask_len = ndt * (ctx + ndt)
+    mask_indptr = torch.arange(0, (bs + 1) * mask_len, mask_len, device=device, dtype=torch.int64)
+    tri = torch.ones(ndt, ctx + ndt, dtype=torch.bool, device=device)
+    tri[:, ctx:] = torch.tril(torch.ones(ndt, ndt, dtype=torch.bool, device=device))
+    custom_mask = tri.reshape(-1).repeat(bs).to(torch.uint8)
+    o_up = torch.empty(t, h, dv, device=device, dtype=dt)
+    f_up = lambda: extend_attention_fwd(q, k_ext, v_ext, o_up, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
+                                        custom_mask, True, mask_indptr, ndt, 1.0, 1.0, scale)
+    f_up()
+    res["upstream_ms"] = bench(f_up)
+    res["ours_vs_upstream_rel_err"] = ((o_ours.float() - o_up.float()).norm() / o_up.float().norm()).item()
+
+    # SGLang's own split-KV verify (MHA only; NV-safe per its docstring)
+    if not rope:
+        try:
+            from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
+
+            o_sk = torch.empty_like(o_up)
+            f_sk = lambda: verify_splitkv_fwd(q, k_ext, v_ext, o_sk, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
+                                              custom_mask, True, mask_indptr, ndt, 1.0, 1.0, scale, max_bs=bs)
+            assert f_sk()
+            res["splitkv_ms"] = bench(f_sk)
+        except Exception as e:  # report, don't hide
+            res["splitkv_error"] = f"{type(e).__name__}: {e}"[:200]
+
+    # plain decode (1 token per request, ctx + 1 keys)
+    from sglang.srt.layers.attention.triton_backend import _mla_decode_kv_splits_cap
+
+    max_splits = _mla_decode_kv_splits_cap(8, 132, 32768) if rope else 8
+    d_indptr = torch.arange(0, (bs + 1) * (ctx + 1), ctx + 1, device=device, dtype=torch.int32)
+    d_indices = r2t[:, :ctx + 1].reshape(-1).long().contiguous()
+    qd = q.view(bs, ndt, h, dk)[:, 0].contiguous()
+    od = torch.empty(bs, h, dv, device=device, dtype=dt)
+    logits = torch.empty(bs, h, max_splits, dv, device=device, dtype=torch.float32)
+    lse = torch.empty(bs, h, max_splits, device=device, dtype=torch.float32)
+    nsp = torch.full((bs,), max_splits, device=device, dtype=torch.int32)
+    f_dec = lambda: decode_attention_fwd(qd, k_buf, v_buf, od, d_indptr, d_indices, logits, lse, nsp, max_splits,
+                                         scale, 1.0, 1.0, has_mla=bool(rope))
+    f_dec()
+    res["decode_ms"] = bench(f_dec)
+    return dict(shape=name, ctx=ctx, bs=bs, ndt=ndt, **res)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
+    ap.add_argument("--bs", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--ndt", type=int, nargs="+", default=[3])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = []
+    for name in a.shapes:
+        for ctx in a.contexts:
+            for bs in a.bs:
+                for ndt in a.ndt:
+                    rows.append(run_point(name, SHAPES[name], ctx, bs, ndt))
+                    r = rows[-1]
+                    print("KERNEL " + json.dumps(r), flush=True)
+    dev = torch.cuda.get_device_name(0)
+    print(f"\n{dev}, torch {torch.__version__}, triton {triton.__version__}; ms per layer, CUDA-graph replay median")
+    hdr = f"{'shape':14s} {'ctx':>6s} {'bs':>3s} {'ndt':>3s} {'decode':>8s} {'upstream':>9s} {'splitkv':>8s} {'ours':>8s} {'ours/up':>8s} {'ours/dec':>8s} {'relerr':>8s}"
+    print(hdr)
+    for r in rows:
+        sk = r.get("splitkv_ms")
+        print(f"{r['shape']:14s} {r['ctx']:6d} {r['bs']:3d} {r['ndt']:3d} {r['decode_ms']:8.4f} {r['upstream_ms']:9.4f} "
+              f"{(f'{sk:8.4f}' if sk else '       -')} {r['ours_ms']:8.4f} {r['ours_ms'] / r['upstream_ms']:8.3f} "
+              f"{r['ours_ms'] / r['decode_ms']:8.3f} {r['ours_vs_upstream_rel_err']:8.1e}")
+    if a.out:
+        json.dump({"device": dev, "rows": rows}, open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
