@@ -1,0 +1,141 @@
+"""Command-line hooks for ``--enable-verify-cuda-graph``.
+
+The adapter registers these with sglang's ``HookRegistry``
+(``sglang.srt.plugins.hook_registry``), whose wrappers call
+
+* AFTER hooks as ``hook(result, *args, **kwargs)``,
+* AROUND hooks as ``hook(original, *args, **kwargs)``; for a classmethod target
+  ``original`` is the plain function and ``args[0]`` is the class.
+
+Targets (sglang 0.5.16):
+
+============================================================  ======  ==========================
+``sglang.srt.server_args.ServerArgs.add_cli_args``            AFTER   :func:`add_cli_args_hook`
+``sglang.srt.server_args.ServerArgs.from_cli_args``           AROUND  :func:`from_cli_args_hook`
+``sglang.srt.server_args.ServerArgs.__post_init__``           AFTER   :func:`post_init_hook`
+============================================================  ======  ==========================
+
+:func:`post_init_hook` is the single validation point for both the CLI
+(``python -m sglang.launch_server ... --enable-verify-cuda-graph``) and the
+Python API (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` + ``sglang.Engine(**kwargs)``).
+This module imports nothing from ``sglang.srt`` at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Optional
+
+from .config import (
+    ATTR_CONFIG,
+    ATTR_ENABLE,
+    ENV_ENABLE,
+    FLAG,
+    UNRESOLVED_MODEL_PATHS,
+    VerifyGraphConfig,
+    VerifyGraphConfigError,
+    build_config,
+)
+
+DEST = "enable_verify_cuda_graph"
+"""``argparse`` destination of :data:`~sglang_verify_graph.config.FLAG`."""
+
+HELP = (
+    "Replay the EAGLE-3 target verify of a linear draft chain through a dedicated "
+    "CUDA graph with split-KV chain attention. Requires --speculative-algorithm "
+    "EAGLE3 (or EAGLE) with --speculative-eagle-topk 1, --attention-backend triton "
+    "and decode CUDA graphs enabled; not yet supported with DP attention, pipeline "
+    "parallelism, two-batch overlap or --speculative-adaptive. Python API: set "
+    f"{ENV_ENABLE}=1 before sglang.Engine(...)."
+)
+
+
+def add_cli_args_hook(result: Any, parser: argparse.ArgumentParser) -> None:
+    """AFTER hook on the staticmethod ``ServerArgs.add_cli_args(parser)``.
+
+    Adds ``--enable-verify-cuda-graph`` (``store_true``, dest
+    :data:`DEST`) to ``parser``. Idempotent: does nothing if the parser already
+    has the option.
+
+    Args:
+        result: the original's return value (``None``), ignored.
+        parser: the ``argparse.ArgumentParser`` sglang filled.
+
+    Returns:
+        ``None`` (keeps the original's result).
+    """
+    if FLAG in getattr(parser, "_option_string_actions", {}):
+        return None
+    parser.add_argument(FLAG, dest=DEST, action="store_true", default=False, help=HELP)
+    return None
+
+
+def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.Namespace) -> Any:
+    """AROUND hook on the classmethod ``ServerArgs.from_cli_args(cls, args)``.
+
+    When ``args.enable_verify_cuda_graph`` is set, exports
+    ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` into ``os.environ`` *before* building
+    the ``ServerArgs`` (so :func:`post_init_hook` validates it and the spawned
+    scheduler processes inherit it), then builds it with ``original(cls, args)``
+    and sets the attribute ``_enable_verify_cuda_graph`` on the result.
+
+    Args:
+        original: the unwrapped ``from_cli_args`` function.
+        cls: the ``ServerArgs`` class.
+        args: the parsed ``argparse.Namespace``.
+
+    Returns:
+        The ``ServerArgs`` built by ``original``.
+
+    Raises:
+        SystemExit: code 2 after printing one line ``error: <message>`` to
+            stderr when a :class:`~sglang_verify_graph.config.VerifyGraphConfigError`
+            escapes (no traceback).
+    """
+    requested = bool(getattr(args, DEST, False))
+    try:
+        if requested:
+            os.environ[ENV_ENABLE] = "1"
+        server_args = original(cls, args)
+        if requested:
+            setattr(server_args, ATTR_ENABLE, True)
+            # Validate here too, in case no post-init hook is installed.
+            post_init_hook(None, server_args)
+    except VerifyGraphConfigError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    return server_args
+
+
+def post_init_hook(result: Any, server_args: Any) -> None:
+    """AFTER hook on ``ServerArgs.__post_init__(self)``: validate when enabled.
+
+    Runs :func:`~sglang_verify_graph.config.build_config` on the resolved
+    server args. When the feature is on, stores the resulting
+    :class:`~sglang_verify_graph.config.VerifyGraphConfig` in the attribute
+    ``_verify_cuda_graph_config`` and sets ``_enable_verify_cuda_graph = True``
+    (both survive pickling to the scheduler processes). When it is off, does
+    nothing. Placeholder objects (``model_path`` ``"dummy"``/``"none"``, which
+    ``__post_init__`` leaves unresolved) are skipped.
+
+    Args:
+        result: the original's return value (``None``), ignored.
+        server_args: the ``ServerArgs`` instance just resolved.
+
+    Returns:
+        ``None`` (keeps the original's result).
+
+    Raises:
+        VerifyGraphConfigError: the feature is on and a setting conflicts with
+            it, or a ``SGLANG_VERIFY_GRAPH_*`` environment variable is malformed.
+    """
+    model_path = getattr(server_args, "model_path", None)
+    if isinstance(model_path, str) and model_path.lower() in UNRESOLVED_MODEL_PATHS:
+        return None
+    config: Optional[VerifyGraphConfig] = build_config(server_args)
+    if config is not None:
+        setattr(server_args, ATTR_ENABLE, True)
+        setattr(server_args, ATTR_CONFIG, config)
+    return None

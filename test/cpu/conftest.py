@@ -1,0 +1,97 @@
+"""Shared fixtures of the CPU test tier (no GPU, no server)."""
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_verify_graph import config as vg_config
+
+_OUR_ENV = (vg_config.ENV_ENABLE, vg_config.ENV_NUM_KV_SPLITS, vg_config.ENV_LOG_EVERY)
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin_env(monkeypatch):
+    """No test sees the caller's SGLANG_*VERIFY* variables; changes are undone."""
+    for name in _OUR_ENV:
+        monkeypatch.setenv(name, "")  # records the original state (also "unset") for undo
+        monkeypatch.delenv(name)
+
+
+def resolved_args(**overrides):
+    """A duck-typed, *resolved* sglang 0.5.16 ServerArgs for a good EAGLE-3 topk=1 setup.
+
+    Attribute names are those of ``sglang.srt.server_args.ServerArgs``
+    (test_cpu_real_server_args.py checks them against the real class).
+    """
+    fields = dict(
+        model_path="/models/target",
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path="/models/draft",
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        speculative_adaptive=False,
+        speculative_attention_mode="prefill",
+        attention_backend="triton",
+        prefill_attention_backend=None,
+        decode_attention_backend=None,
+        cuda_graph_config=SimpleNamespace(
+            decode=SimpleNamespace(backend="full", max_bs=32, bs=[1, 2, 4, 8]),
+            prefill=SimpleNamespace(backend="breakable", max_bs=2048, bs=None),
+        ),
+        cuda_graph_backend_decode=None,
+        disable_decode_cuda_graph=False,
+        disable_cuda_graph=False,
+        disable_cuda_graph_padding=False,
+        enable_dp_attention=False,
+        pp_size=1,
+        enable_two_batch_overlap=False,
+        page_size=1,
+        max_running_requests=48,
+        tp_size=1,
+    )
+    fields[vg_config.ATTR_ENABLE] = True
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+_TINY = dict(
+    model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-5,
+    torch_dtype="float16", bos_token_id=1, eos_token_id=2, rope_theta=10000.0, head_dim=16,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """(target, draft) folders holding only a config.json: a 2-layer Llama and an EAGLE-3 head.
+
+    Enough for ``ServerArgs.__post_init__`` (it reads the HF config, never weights).
+    """
+    root = tmp_path_factory.mktemp("tiny_models")
+    target, draft = root / "target", root / "draft"
+    target.mkdir()
+    draft.mkdir()
+    (target / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, **_TINY}))
+    (draft / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+         "draft_vocab_size": 256, **_TINY}))
+    return str(target), str(draft)
+
+
+@pytest.fixture
+def restore_environ():
+    """Undo any os.environ change (ServerArgs.__post_init__ exports SGLANG_* variables)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture
+def make_args():
+    """Factory fixture: ``make_args(**overrides)`` -> :func:`resolved_args` namespace."""
+    return resolved_args

@@ -1,0 +1,112 @@
+"""read_env / EnvSettings / is_enabled: the project's environment variables."""
+
+import pytest
+
+from sglang_verify_graph.config import (
+    ATTR_ENABLE,
+    ENV_ENABLE,
+    ENV_LOG_EVERY,
+    ENV_NUM_KV_SPLITS,
+    EnvSettings,
+    VerifyGraphConfigError,
+    build_config,
+    is_enabled,
+    read_env,
+)
+
+
+def test_defaults_on_empty_environment():
+    assert read_env({}) == EnvSettings(enable=False, num_kv_splits=None, log_every=0)
+
+
+def test_constant_names():
+    assert ENV_ENABLE == "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
+    assert ENV_NUM_KV_SPLITS == "SGLANG_VERIFY_GRAPH_NUM_KV_SPLITS"
+    assert ENV_LOG_EVERY == "SGLANG_VERIFY_GRAPH_LOG_EVERY"
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "TRUE", "yes", "on", " 1 "])
+def test_enable_true_values(raw):
+    assert read_env({ENV_ENABLE: raw}).enable is True
+
+
+@pytest.mark.parametrize("raw", ["", "0", "false", "False", "no", "off"])
+def test_enable_false_values(raw):
+    assert read_env({ENV_ENABLE: raw}).enable is False
+
+
+def test_enable_garbage_is_an_error():
+    with pytest.raises(VerifyGraphConfigError) as info:
+        read_env({ENV_ENABLE: "maybe"})
+    assert info.value.flag == ENV_ENABLE
+    assert "'maybe'" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("raw,expected", [("8", 8), (" 4 ", 4), ("1", 1), ("", None)])
+def test_num_kv_splits_parsed(raw, expected):
+    assert read_env({ENV_NUM_KV_SPLITS: raw}).num_kv_splits == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "x", "1.5"])
+def test_num_kv_splits_rejected(raw):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        read_env({ENV_NUM_KV_SPLITS: raw})
+    assert info.value.flag == ENV_NUM_KV_SPLITS
+    assert ">= 1" in info.value.fix
+
+
+@pytest.mark.parametrize("raw,expected", [("100", 100), ("0", 0), ("", 0)])
+def test_log_every_parsed(raw, expected):
+    assert read_env({ENV_LOG_EVERY: raw}).log_every == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "often"])
+def test_log_every_rejected(raw):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        read_env({ENV_LOG_EVERY: raw})
+    assert info.value.flag == ENV_LOG_EVERY
+
+
+def test_read_env_reads_os_environ_at_call_time(monkeypatch):
+    assert read_env().enable is False
+    monkeypatch.setenv(ENV_ENABLE, "1")
+    monkeypatch.setenv(ENV_NUM_KV_SPLITS, "16")
+    monkeypatch.setenv(ENV_LOG_EVERY, "50")
+    assert read_env() == EnvSettings(enable=True, num_kv_splits=16, log_every=50)
+
+
+def test_env_settings_is_frozen():
+    with pytest.raises(Exception):
+        read_env({}).enable = True
+
+
+def test_is_enabled_by_attribute_or_env(make_args):
+    on_attr = make_args()
+    off = make_args(**{ATTR_ENABLE: False})
+    assert is_enabled(on_attr, EnvSettings()) is True
+    assert is_enabled(off, EnvSettings()) is False
+    assert is_enabled(off, EnvSettings(enable=True)) is True
+    assert is_enabled(object(), EnvSettings()) is False
+
+
+def test_is_enabled_reads_environment_when_not_given(monkeypatch, make_args):
+    off = make_args(**{ATTR_ENABLE: False})
+    assert is_enabled(off) is False
+    monkeypatch.setenv(ENV_ENABLE, "1")
+    assert is_enabled(off) is True
+
+
+def test_attribute_short_circuits_a_malformed_environment(monkeypatch, make_args):
+    monkeypatch.setenv(ENV_ENABLE, "garbage")
+    assert is_enabled(make_args()) is True
+
+
+def test_env_values_reach_the_config(make_args):
+    cfg = build_config(make_args(), read_env({ENV_NUM_KV_SPLITS: "8", ENV_LOG_EVERY: "25"}))
+    assert (cfg.num_kv_splits, cfg.log_every) == (8, 25)
+
+
+def test_build_config_reads_os_environ_by_default(monkeypatch, make_args):
+    monkeypatch.setenv(ENV_NUM_KV_SPLITS, "4")
+    assert build_config(make_args()).num_kv_splits == 4

@@ -1,0 +1,168 @@
+"""build_config: every rejected setting names its flag and fix on one line; good settings build."""
+
+import pickle
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_verify_graph.config import (
+    ATTR_CONFIG,
+    ATTR_ENABLE,
+    FLAG,
+    SUPPORTED_ATTENTION_BACKENDS,
+    EnvSettings,
+    VerifyGraphConfig,
+    VerifyGraphConfigError,
+    build_config,
+    get_config,
+)
+
+ON = EnvSettings(enable=False)  # enabled through the attribute in make_args()
+DISABLED_GRAPHS = SimpleNamespace(decode=SimpleNamespace(backend="disabled", max_bs=32, bs=None))
+
+# (id, overrides, flag, shown value, substring of the fix)
+BAD = [
+    ("no-spec", dict(speculative_algorithm=None), "--speculative-algorithm", "None",
+     "--speculative-algorithm EAGLE3 --speculative-draft-model-path <draft>"),
+    ("standalone", dict(speculative_algorithm="STANDALONE"), "--speculative-algorithm",
+     "STANDALONE", f"remove {FLAG}"),
+    ("ngram", dict(speculative_algorithm="NGRAM"), "--speculative-algorithm", "NGRAM",
+     "--speculative-algorithm EAGLE3"),
+    ("dflash", dict(speculative_algorithm="DFLASH"), "--speculative-algorithm", "DFLASH",
+     "--speculative-algorithm EAGLE3"),
+    ("topk4", dict(speculative_eagle_topk=4, speculative_num_draft_tokens=8),
+     "--speculative-eagle-topk", "4", "--speculative-eagle-topk 1"),
+    ("topk-unset", dict(speculative_eagle_topk=None), "--speculative-eagle-topk", "None",
+     "--speculative-eagle-topk 1"),
+    ("adaptive", dict(speculative_adaptive=True), "--speculative-adaptive", "True",
+     "remove --speculative-adaptive"),
+    ("zero-steps", dict(speculative_num_steps=0, speculative_num_draft_tokens=1),
+     "--speculative-num-steps", "0", "--speculative-num-steps N"),
+    ("ndt-mismatch", dict(speculative_num_draft_tokens=6), "--speculative-num-draft-tokens",
+     "6", "--speculative-num-draft-tokens 4"),
+    ("flashinfer", dict(attention_backend="flashinfer"), "--attention-backend", "flashinfer",
+     "--attention-backend triton"),
+    ("fa3", dict(attention_backend="fa3"), "--attention-backend", "fa3",
+     "--attention-backend triton"),
+    ("backend-unresolved", dict(attention_backend=None), "--attention-backend", "None",
+     "--attention-backend triton"),
+    ("decode-override", dict(decode_attention_backend="flashinfer"),
+     "--decode-attention-backend", "flashinfer", "--decode-attention-backend triton"),
+    ("prefill-override", dict(prefill_attention_backend="fa3"),
+     "--prefill-attention-backend", "fa3", "--prefill-attention-backend triton"),
+    ("disable-cuda-graph", dict(disable_cuda_graph=True, cuda_graph_config=DISABLED_GRAPHS),
+     "--disable-cuda-graph", "True", "remove --disable-cuda-graph"),
+    ("disable-decode-graph",
+     dict(disable_decode_cuda_graph=True, cuda_graph_config=DISABLED_GRAPHS),
+     "--disable-decode-cuda-graph", "True", "remove --disable-decode-cuda-graph"),
+    ("decode-graph-backend-disabled",
+     dict(cuda_graph_backend_decode="disabled", cuda_graph_config=DISABLED_GRAPHS),
+     "--cuda-graph-backend-decode", "disabled", "remove --cuda-graph-backend-decode"),
+    ("graph-config-disabled", dict(cuda_graph_config=DISABLED_GRAPHS), "--cuda-graph-config",
+     "decode.backend=disabled", '{"decode":{"backend":"full"}}'),
+    ("graph-config-dict", dict(cuda_graph_config={"decode": {"backend": "disabled"}}),
+     "--cuda-graph-config", "decode.backend=disabled", "--cuda-graph-config"),
+    ("unresolved-disable-cuda-graph", dict(disable_cuda_graph=True, cuda_graph_config=None),
+     "--disable-cuda-graph", "True", "remove --disable-cuda-graph"),
+    ("dp-attention", dict(enable_dp_attention=True), "--enable-dp-attention", "True",
+     "remove --enable-dp-attention"),
+    ("pipeline", dict(pp_size=2), "--pp-size", "2", "--pp-size 1"),
+    ("tbo", dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap", "True",
+     "remove --enable-two-batch-overlap"),
+]
+
+LINE = re.compile(r"^--enable-verify-cuda-graph: (?P<problem>[^\n]+) \((?P<flag>\S+) = "
+                  r"(?P<value>[^\n]*)\)\. Fix: (?P<fix>[^\n]+)\.$")
+
+
+@pytest.mark.parametrize("overrides,flag,value,fix", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_setting_is_rejected_with_flag_and_fix(make_args, overrides, flag, value, fix):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(**overrides), ON)
+    err = info.value
+    text = str(err)
+    match = LINE.match(text)
+    assert match, text
+    assert err.flag == flag and match["flag"] == flag
+    assert match["value"] == value
+    assert fix in err.fix and fix in match["fix"]
+    assert "\n" not in text and not text.endswith("..")
+    assert isinstance(err, ValueError)
+
+
+def test_every_bad_case_is_accepted_once_fixed(make_args):
+    # Guards the table: the base namespace itself must be valid.
+    assert isinstance(build_config(make_args(), ON), VerifyGraphConfig)
+
+
+def test_good_settings_build_the_config(make_args):
+    cfg = build_config(make_args(speculative_num_steps=5, speculative_num_draft_tokens=6,
+                                 page_size=16, max_running_requests=64, tp_size=2), ON)
+    assert cfg == VerifyGraphConfig(
+        num_steps=5, num_draft_tokens=6, topk=1, speculative_algorithm="EAGLE3",
+        attention_backend="triton", page_size=16, max_running_requests=64,
+        num_kv_splits=None, log_every=0, decode_graph_backend="full", cuda_graph_max_bs=32,
+        cuda_graph_bs=(1, 2, 4, 8), disable_cuda_graph_padding=False, tp_size=2,
+    )
+    assert cfg.num_draft_tokens == cfg.num_steps + 1
+    hash(cfg)  # frozen, hashable (bs stored as a tuple)
+    with pytest.raises(Exception):
+        cfg.num_steps = 2
+
+
+@pytest.mark.parametrize("algo,expected", [("EAGLE3", "EAGLE3"), ("EAGLE", "EAGLE"),
+                                           ("eagle3", "EAGLE3"), ("NEXTN", "EAGLE")])
+def test_accepted_algorithms(make_args, algo, expected):
+    # sglang 0.5.16 resolves NEXTN to EAGLE before our post-init hook sees it.
+    assert build_config(make_args(speculative_algorithm=algo), ON).speculative_algorithm == expected
+
+
+def test_triton_everywhere_via_overrides_is_accepted(make_args):
+    args = make_args(attention_backend="flashinfer", prefill_attention_backend="triton",
+                     decode_attention_backend="triton")
+    assert build_config(args, ON).attention_backend == "triton"
+    assert SUPPORTED_ATTENTION_BACKENDS == ("triton",)
+
+
+def test_legacy_disable_flag_loses_to_resolved_config(make_args):
+    # --disable-cuda-graph --cuda-graph-backend-decode full: sglang resolves decode to full.
+    cfg = build_config(make_args(disable_cuda_graph=True), ON)
+    assert cfg.decode_graph_backend == "full"
+
+
+def test_attention_backend_is_checked_before_cuda_graphs(make_args):
+    # torch_native makes sglang turn decode graphs off; the root cause is the backend.
+    args = make_args(attention_backend="torch_native", cuda_graph_config=DISABLED_GRAPHS)
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(args, ON)
+    assert info.value.flag == "--attention-backend"
+
+
+def test_disabled_returns_none_even_for_bad_settings(make_args):
+    args = make_args(speculative_algorithm=None, attention_backend="fa3",
+                     **{ATTR_ENABLE: False})
+    assert build_config(args, EnvSettings(enable=False)) is None
+
+
+def test_env_flag_enables_validation(make_args):
+    args = make_args(speculative_eagle_topk=2, **{ATTR_ENABLE: False})
+    with pytest.raises(VerifyGraphConfigError):
+        build_config(args, EnvSettings(enable=True))
+
+
+def test_error_format_and_pickling():
+    err = VerifyGraphConfigError("needs\nsomething  here", "--x", 3, "do\nthat.")
+    assert str(err) == f"{FLAG}: needs something here (--x = 3). Fix: do that."
+    clone = pickle.loads(pickle.dumps(err))
+    assert type(clone) is VerifyGraphConfigError
+    assert (clone.problem, clone.flag, clone.value, clone.fix) == (err.problem, "--x", 3, "do that")
+    assert str(clone) == str(err)
+
+
+def test_get_config_prefers_the_stored_config(make_args):
+    stored = build_config(make_args(), ON)
+    args = make_args(speculative_eagle_topk=4, **{ATTR_CONFIG: stored})
+    assert get_config(args, ON) is stored
+    with pytest.raises(VerifyGraphConfigError):
+        get_config(make_args(speculative_eagle_topk=4), ON)
