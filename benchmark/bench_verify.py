@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Per-step GPU time of the EAGLE-3 (topk 1) target verify: ours vs upstream vs plain decode.
+
+    python3 benchmark/bench_verify.py [--model llama-8b|llama-small|kimi-small]
+        [--contexts 1024,8192] [--batch-sizes 1,8] [--new-tokens 64] [--steps 2]
+        [--modes ours,upstream,plain] [--out results.json] [--quick]
+
+Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory is freed between):
+  plain     no speculation (target DECODE graph);
+  upstream  EAGLE3, topk 1, ``--steps`` S draft steps, S+1 draft tokens (upstream TARGET_VERIFY graph);
+  ours      the same with env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` (the plugin's VerifyCudaGraphRunner).
+
+What is measured: inside the scheduler process (this module is re-imported there by
+multiprocessing spawn as ``__mp_main__``) ``execute`` of every graph runner class
+(DecodeCudaGraphRunner, VerifyCudaGraphRunner, EAGLEDraftCudaGraphRunner,
+EAGLEDraftExtendCudaGraphRunner) is wrapped with CUDA events recorded before/after the outermost
+call per runner instance (read back later, no synchronize in the step) and a host clock.
+Results are keyed by runner class, worker (target/draft), forward mode and raw/padded batch size,
+and fetched per phase through ``Engine.get_server_info()`` (the scheduler's internal state).
+Per (context, bs) phase: prompts of ``context`` random token ids, warm-up, then ``--new-tokens``
+greedy tokens with ``ignore_eos``. Reported, in ms: median GPU time per graph replay of target
+decode, target verify, draft decode, draft extend; host time per replay; and e2e ms per step
+= (wall of N tokens - wall of 1 token) / steps (steps = max spec_verify_ct, or N-1 for plain).
+With dummy random weights no draft token is accepted (accept length 1.0): this measures the cost
+of a speculation cycle, not a speed-up. Prints one table and writes ``--out`` (JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import random
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PROBE_ENV = "BENCH_VERIFY_PROBE"
+PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
+RUNNERS = [("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner"),
+           ("sglang_verify_graph.runner", "VerifyCudaGraphRunner"),
+           ("sglang.srt.speculative.eagle_draft_cuda_graph_runner", "EAGLEDraftCudaGraphRunner"),
+           ("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner", "EAGLEDraftExtendCudaGraphRunner")]
+
+
+# ----------------------------------------------------------------- probe (scheduler process)
+def install_probe():
+    """Wrap runner ``execute`` with CUDA events; expose drained results in the scheduler's internal state."""
+    import functools
+    import importlib
+
+    import torch
+
+    pending, gpu, host = [], collections.defaultdict(list), collections.defaultdict(list)
+
+    def flush(final):
+        keep = []
+        for k, s, e in pending:
+            if final:
+                e.synchronize()
+            if final or e.query():
+                gpu[k].append(round(s.elapsed_time(e), 4))
+            else:
+                keep.append((k, s, e))
+        pending[:] = keep
+
+    def drain():
+        flush(True)
+        out = {k: {"gpu_ms": gpu[k], "host_ms": host.get(k, [])} for k in gpu}
+        gpu.clear(), host.clear()
+        return out
+
+    def wrap(cls):
+        orig = cls.__dict__.get("execute")
+        if orig is None:
+            return False
+
+        @functools.wraps(orig)
+        def execute(self, forward_batch, *a, **k):
+            if getattr(self, "_bench_probe_active", False):  # e.g. our runner calling super().execute
+                return orig(self, forward_batch, *a, **k)
+            self._bench_probe_active = True
+            try:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                s.record()
+                r = orig(self, forward_batch, *a, **k)
+                e.record()
+                h = (time.perf_counter() - t0) * 1000.0
+            finally:
+                self._bench_probe_active = False
+            try:
+                w = "draft" if self.model_runner.is_draft_worker else "target"
+                raw = getattr(self, "raw_bs", None) or forward_batch.batch_size
+                key = f"{type(self).__name__}|{w}|{forward_batch.forward_mode.name}|{raw}|{getattr(self, 'bs', '?')}"
+            except Exception:
+                key = f"{type(self).__name__}|?|?|?|?"
+            pending.append((key, s, e))
+            host[key].append(round(h, 4))
+            if len(pending) >= 512:
+                flush(False)
+            return r
+
+        cls.execute = execute
+        return True
+
+    wrapped = []
+    for mod, name in RUNNERS:
+        try:
+            if wrap(getattr(importlib.import_module(mod), name)):
+                wrapped.append(name)
+        except Exception as ex:  # e.g. the plugin is not installed
+            print(f"PROBE cannot wrap {name}: {type(ex).__name__}: {ex}", file=sys.stderr, flush=True)
+    from sglang.srt.managers.scheduler import Scheduler
+
+    orig_gis = Scheduler.get_internal_state
+
+    @functools.wraps(orig_gis)
+    def get_internal_state(self, recv_req):
+        out = orig_gis(self, recv_req)
+        try:
+            out.internal_state["bench_probe"] = drain()
+        except Exception as ex:
+            print(f"PROBE drain failed: {ex!r}", file=sys.stderr, flush=True)
+        return out
+
+    Scheduler.get_internal_state = get_internal_state
+    print(f"PROBE installed in pid {os.getpid()}: {wrapped}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__mp_main__" and os.environ.get(PROBE_ENV) == "1":
+    try:
+        install_probe()
+    except Exception as _ex:  # keep the engine running without the probe
+        print(f"PROBE install failed: {_ex!r}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------- child: one mode, one engine
+ROLES = {"target_decode": ("target", "DECODE"), "target_verify": ("target", "TARGET_VERIFY"),
+         "draft_decode": ("draft", "DECODE"), "draft_extend": ("draft", "DRAFT_EXTEND")}
+
+
+def _median(v):
+    return round(statistics.median(v), 4) if v else None
+
+
+def _q(v, p):
+    return round(sorted(v)[min(len(v) - 1, int(p * len(v)))], 4) if v else None
+
+
+def summarize_probe(probe: dict, bs: int) -> dict:
+    """Group raw probe lists into roles (only replays at raw batch size ``bs``); ms per replay."""
+    roles, other = {}, {}
+    for key, v in probe.items():
+        cls, worker, mode, raw, pad = (key.split("|") + ["?"] * 5)[:5]
+        role = next((r for r, (w, m) in ROLES.items() if w == worker and mode.startswith(m)), None)
+        if role is None or raw != str(bs):
+            other[key] = len(v["gpu_ms"])
+            continue
+        d = roles.setdefault(role, {"gpu": [], "host": [], "classes": set(), "padded_bs": set()})
+        d["gpu"] += v["gpu_ms"]
+        d["host"] += v["host_ms"]
+        d["classes"].add(cls)
+        d["padded_bs"].add(pad)
+    out = {r: {"n": len(d["gpu"]), "gpu_ms": _median(d["gpu"]), "gpu_ms_p10": _q(d["gpu"], 0.1),
+               "gpu_ms_p90": _q(d["gpu"], 0.9), "host_ms": _median(d["host"]),
+               "classes": sorted(d["classes"]), "padded_bs": sorted(d["padded_bs"])} for r, d in roles.items()}
+    return {"roles": out, "other_keys": other}
+
+
+def model_paths(a):
+    d = os.path.abspath(a.models_dir)
+    if not os.path.isfile(os.path.join(d, a.model, "config.json")):
+        subprocess.run([sys.executable, os.path.join(REPO, "scripts", "make_models.py"), d, "--only", a.model], check=True)
+    return os.path.join(d, a.model), os.path.join(d, a.model + "-eagle3")
+
+
+def engine_kwargs(a, mode: str) -> dict:
+    target, draft = model_paths(a)
+    with open(os.path.join(target, "config.json")) as f:
+        max_pos = json.load(f)["max_position_embeddings"]
+    need = max(a.contexts) + a.new_tokens + a.warmup_tokens + 2 * (a.steps + 1) + 64
+    kw = dict(model_path=target, load_format="dummy", attention_backend=a.attention_backend,
+              sampling_backend="pytorch", mem_fraction_static=a.mem, cuda_graph_max_bs_decode=max(8, max(a.batch_sizes)),
+              cuda_graph_backend_prefill="disabled", disable_radix_cache=True, skip_tokenizer_init=True,
+              grammar_backend="none", log_level=a.log_level, random_seed=0,
+              context_length=min(max_pos, -(-need // 256) * 256))
+    if mode != "plain":
+        kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_eagle_topk=1,
+                  speculative_num_steps=a.steps, speculative_num_draft_tokens=a.steps + 1)
+    kw.update(json.loads(a.engine_extra))
+    return kw
+
+
+def _state(eng) -> dict:
+    st = eng.get_server_info()["internal_states"][0]
+    return {"probe": st.get("bench_probe", {}), "plugin": st.get("verify_cuda_graph")}
+
+
+def run_child(a, res: dict) -> None:
+    """Run one mode in one Engine; fills ``res`` as it goes (so a crash keeps the finished phases)."""
+    os.environ[PROBE_ENV] = "1"
+    os.environ.pop(PLUGIN_ENV, None)
+    if a.child == "ours":
+        os.environ[PLUGIN_ENV] = "1"
+    kw = engine_kwargs(a, a.child)
+    print("BENCH engine_kwargs " + json.dumps(kw), flush=True)
+    from sglang.srt.entrypoints.engine import Engine
+
+    t0 = time.perf_counter()
+    eng = Engine(**kw)
+    res.update(mode=a.child, engine_kwargs=kw, startup_s=round(time.perf_counter() - t0, 1), phases=[])
+    print(f"BENCH startup {res['startup_s']}s", flush=True)
+    res["plugin_before"] = _state(eng)["plugin"]
+    with open(os.path.join(model_paths(a)[0], "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    sp = lambda n: {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}  # noqa: E731
+    try:
+        for ctx in a.contexts:
+            for bs in a.batch_sizes:
+                rng = random.Random(1000 * ctx + bs)
+                prompts = [[rng.randrange(10, vocab - 1) for _ in range(ctx)] for _ in range(bs)]
+                eng.generate(input_ids=prompts, sampling_params=sp(a.warmup_tokens))
+                _state(eng)
+                t = time.perf_counter()
+                eng.generate(input_ids=prompts, sampling_params=sp(1))
+                t1 = time.perf_counter() - t
+                t = time.perf_counter()
+                outs = eng.generate(input_ids=prompts, sampling_params=sp(a.new_tokens))
+                tn = time.perf_counter() - t
+                st = _state(eng)
+                outs = outs if isinstance(outs, list) else [outs]
+                metas = [o["meta_info"] for o in outs]
+                vct = [m.get("spec_verify_ct") or 0 for m in metas]
+                steps = max(vct) if any(vct) else a.new_tokens - 1
+                ph = {"context": ctx, "bs": bs, "t1_s": round(t1, 4), "tn_s": round(tn, 4), "steps": steps,
+                      "e2e_ms_per_step": round(1000 * (tn - t1) / max(steps, 1), 4),
+                      "completion_tokens": [m.get("completion_tokens") for m in metas],
+                      "accept_len": [m.get("spec_accept_length") for m in metas], "spec_verify_ct": vct}
+                ph.update(summarize_probe(st["probe"], bs))
+                res["phases"].append(ph)
+                print("BENCH phase " + json.dumps(ph), flush=True)
+        res["plugin_after"] = _state(eng)["plugin"]
+        res["ok"] = True
+    finally:
+        eng.shutdown()
+
+
+# ----------------------------------------------------------------- parent: modes, table, JSON
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for p in ("torch", "sglang", "triton", "sglang-kernel", "flashinfer-python", "transformers", "sglang-verify-graph"):
+        try:
+            out[p] = metadata.version(p)
+        except Exception:
+            out[p] = None
+    out["python"] = sys.version.split()[0]
+    return out
+
+
+def _hardware() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip() or "?"
+    except Exception as ex:
+        return f"nvidia-smi unavailable: {ex}"
+
+
+def _g(modes, mode, ctx, bs, role, field="gpu_ms"):
+    for ph in (modes.get(mode) or {}).get("phases", []):
+        if ph["context"] == ctx and ph["bs"] == bs:
+            return ph["e2e_ms_per_step"] if role == "e2e" else (ph["roles"].get(role) or {}).get(field)
+    return None
+
+
+def build_rows(a, modes: dict) -> list:
+    rows = []
+    div = lambda x, y: round(x / y, 3) if x is not None and y else None  # noqa: E731
+    for ctx in a.contexts:
+        for bs in a.batch_sizes:
+            r = {"model": a.model, "context": ctx, "bs": bs, "decode_ms": _g(modes, "plain", ctx, bs, "target_decode")}
+            for m in ("upstream", "ours"):
+                r[f"{m}_verify_ms"] = _g(modes, m, ctx, bs, "target_verify")
+                parts = [_g(modes, m, ctx, bs, x) for x in ("draft_decode", "target_verify", "draft_extend")]
+                r[f"{m}_cycle_ms"] = round(sum(parts), 4) if all(p is not None for p in parts) else None
+                r[f"{m}_verify_per_decode"] = div(r[f"{m}_verify_ms"], r["decode_ms"])
+                r[f"{m}_cycle_per_decode"] = div(r[f"{m}_cycle_ms"], r["decode_ms"])
+                r[f"{m}_e2e_ms_per_step"] = _g(modes, m, ctx, bs, "e2e")
+                r[f"{m}_verify_host_ms"] = _g(modes, m, ctx, bs, "target_verify", "host_ms")
+            r["plain_e2e_ms_per_step"] = _g(modes, "plain", ctx, bs, "e2e")
+            r["ours_per_upstream_verify"] = div(r["ours_verify_ms"], r["upstream_verify_ms"])
+            r["ours_per_upstream_cycle"] = div(r["ours_cycle_ms"], r["upstream_cycle_ms"])
+            rows.append(r)
+    return rows
+
+
+def format_table(rows, meta) -> str:
+    cols = [("context", "ctx"), ("bs", "bs"), ("decode_ms", "decode"), ("upstream_verify_ms", "up_verify"),
+            ("ours_verify_ms", "our_verify"), ("upstream_verify_per_decode", "up_v/dec"),
+            ("ours_verify_per_decode", "our_v/dec"), ("ours_per_upstream_verify", "our/up"),
+            ("upstream_cycle_ms", "up_cycle"), ("ours_cycle_ms", "our_cycle"), ("upstream_cycle_per_decode", "up_c/dec"),
+            ("ours_cycle_per_decode", "our_c/dec"), ("plain_e2e_ms_per_step", "e2e_plain"),
+            ("upstream_e2e_ms_per_step", "e2e_up"), ("ours_e2e_ms_per_step", "e2e_ours")]
+    fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = [f"RESULT model={meta['model']}  GPU ms per graph replay (median); cycle = draft + verify + draft-extend; "
+             f"e2e = wall ms per decode step",
+             "RESULT " + " ".join(f"{h:>10}" for _, h in cols)]
+    lines += ["RESULT " + " ".join(f"{fmt(r[k]):>10}" for k, _ in cols) for r in rows]
+    for m, st in meta["mode_status"].items():
+        lines.append(f"RESULT mode {m}: {st}")
+    lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),
+              f"RESULT flags: {meta['flags']}", f"RESULT command: {meta['command']}"]
+    return "\n".join(lines)
+
+
+def _mode_status(res) -> str:
+    if not res or not res.get("ok"):
+        return f"FAILED ({(res or {}).get('error', 'no result')})"
+    p = res.get("plugin_after") or {}
+    s = f"ok, startup {res['startup_s']}s"
+    if p:
+        s += (f", plugin runner={p.get('runner')} replays={p.get('replays')} verify_steps={p.get('verify_steps')}"
+              f" fallbacks={p.get('fallback_total')}")
+    if res["mode"] == "ours":
+        seen = {c for ph in res["phases"] for c in (ph["roles"].get("target_verify") or {}).get("classes", [])}
+        if "VerifyCudaGraphRunner" not in seen:
+            s += f"  WARNING: verify replays came from {sorted(seen) or 'nothing'}, not VerifyCudaGraphRunner"
+    return s
+
+
+def run_parent(a) -> int:
+    t_start = time.time()
+    log_dir = a.log_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "bench_logs")
+    os.makedirs(log_dir, exist_ok=True)
+    model_paths(a)
+    modes, child = {}, {"p": None}
+    meta = {"model": a.model, "hardware": _hardware(), "versions": _versions(), "mode_status": {},
+            "command": shlex.join([sys.executable] + sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "flags": f"contexts={a.contexts} batch_sizes={a.batch_sizes} new_tokens={a.new_tokens} steps={a.steps} "
+                     f"attention_backend={a.attention_backend} mem={a.mem} modes={a.modes}"}
+
+    def finish(code, show=True):
+        rows = build_rows(a, modes)
+        with open(a.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows, "modes": modes}, f, indent=1)
+        if not show:
+            return code
+        print(format_table(rows, meta), flush=True)
+        print(f"RESULT wrote {a.out} in {time.time() - t_start:.0f}s", flush=True)
+        return code
+
+    def on_term(signum, frame):
+        if child["p"] is not None and child["p"].poll() is None:
+            os.killpg(child["p"].pid, signal.SIGKILL)
+        meta["mode_status"].setdefault("interrupted", f"signal {signum}")
+        sys.exit(finish(124))
+
+    signal.signal(signal.SIGTERM, on_term)
+    for mode in a.modes:
+        jf, log = os.path.join(log_dir, f"bench_{mode}.json"), os.path.join(log_dir, f"bench_{mode}.log")
+        if os.path.exists(jf):
+            os.remove(jf)
+        cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--child", mode, "--child-out", jf]
+        t0 = time.time()
+        with open(log, "w") as lf:
+            child["p"] = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                rc = child["p"].wait(timeout=a.mode_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(child["p"].pid, signal.SIGKILL)
+                rc = "timeout"
+        res = json.load(open(jf)) if os.path.exists(jf) else {"mode": mode, "ok": False}
+        if rc != 0 and res.get("ok") is not True:
+            tail = open(log, errors="replace").read().splitlines()[-25:]
+            res.setdefault("error", f"rc={rc}; " + " | ".join(ln for ln in tail if "rror" in ln)[-600:])
+            print(f"BENCH mode {mode} failed rc={rc}; last lines of {log}:\n  " + "\n  ".join(tail), flush=True)
+        modes[mode] = res
+        meta["mode_status"][mode] = _mode_status(res) + f" ({time.time() - t0:.0f}s)"
+        print(f"BENCH mode {mode}: {meta['mode_status'][mode]}", flush=True)
+        finish(0, show=False)  # partial results on disk after every mode
+    return finish(0 if all(m.get("ok") for m in modes.values()) else 1)
+
+
+def parse_args(argv=None):
+    ints = lambda s: [int(x) for x in str(s).split(",") if x]  # noqa: E731
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-8b", choices=["llama-8b", "llama-small", "kimi-small"])
+    ap.add_argument("--models-dir", default=os.environ.get("MODELS_DIR", "/tmp/models"),
+                    help="folder of scripts/make_models.py output (made if missing)")
+    ap.add_argument("--contexts", type=ints, default=[1024, 8192], help="prompt lengths in tokens, comma list")
+    ap.add_argument("--batch-sizes", type=ints, default=[1, 8], help="comma list")
+    ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens per measured request")
+    ap.add_argument("--warmup-tokens", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2, help="EAGLE-3 draft steps S (S+1 draft tokens)")
+    ap.add_argument("--modes", default="ours,upstream,plain", type=lambda s: [m for m in s.split(",") if m])
+    ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--mem", type=float, default=0.6, help="mem_fraction_static")
+    ap.add_argument("--log-level", default="info")
+    ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs")
+    ap.add_argument("--mode-timeout", type=float, default=300, help="seconds per mode subprocess")
+    ap.add_argument("--out", default="results.json")
+    ap.add_argument("--log-dir", default=None, help="child logs + JSON (default: <out dir>/bench_logs)")
+    ap.add_argument("--quick", action="store_true", help="smoke: llama-small, context 1024, bs 1, 32 tokens")
+    ap.add_argument("--dry-run", action="store_true", help="print the Engine kwargs per mode (makes models) and exit")
+    ap.add_argument("--child", choices=["plain", "upstream", "ours"], help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.model, a.contexts, a.batch_sizes, a.new_tokens = "llama-small", [1024], [1], 32
+    bad = [m for m in a.modes if m not in ("plain", "upstream", "ours")]
+    if bad:
+        ap.error(f"unknown mode(s) {bad}")
+    a.contexts, a.batch_sizes = sorted(a.contexts), sorted(a.batch_sizes)
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.dry_run:
+        for m in ([a.child] if a.child else a.modes):
+            print(f"DRYRUN {m}: " + json.dumps(engine_kwargs(a, m)))
+        return 0
+    if a.child:
+        res = {"mode": a.child, "ok": False, "phases": []}
+        try:
+            run_child(a, res)
+        except BaseException as ex:
+            import traceback
+
+            res["error"] = f"{type(ex).__name__}: {str(ex)[:400]}"
+            traceback.print_exc()
+        finally:
+            with open(a.child_out, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0 if res.get("ok") else 1
+    return run_parent(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

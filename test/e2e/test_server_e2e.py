@@ -1,0 +1,319 @@
+"""Server tier: the stock ``python -m sglang.launch_server`` with ``--enable-verify-cuda-graph``.
+
+Starts real SGLang 0.5.16 servers (one at a time: GPU memory) on the small dummy-weight Llama and its
+EAGLE-3 draft (scripts/make_models.py), EAGLE-3 topk 1, 2 steps, 3 draft tokens, triton attention:
+
+* ``ours``      the same server with ``--enable-verify-cuda-graph`` (the plugin's runner);
+* ``upstream``  the same server without it (upstream's TARGET_VERIFY graph);
+* ``plain``     no speculation.
+
+Checks: ours serves /generate (``input_ids``) at concurrency 1, 2, 4, 8 with exactly the requested
+number of tokens, and ``/get_server_info`` ``internal_states[0]["verify_cuda_graph"]`` reports
+replays == verify_steps > 0 and no fallbacks (verify_steps counts batches, so over a window it lies
+between max and sum of the responses' ``spec_verify_ct``, plus one overlap-scheduler step per request);
+greedy parity: 16 fixed prompts x 128 tokens (temperature 0, ignore_eos) give token-identical
+``output_ids`` on all three servers; the first differing request/position is printed otherwise,
+with each server's top-2 logprobs there (dummy random weights have near-ties; accept length is 1.0).
+
+Env: ``E2E_LOG_DIR`` (server logs + e2e_results.json, default /tmp/e2e_logs), ``E2E_MODELS_DIR``
+(default /tmp/models; made in a temp folder when missing), ``E2E_LAUNCH_TIMEOUT`` (s, default 300),
+``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
+``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the reference
+servers' top-2 logprob gap (min of the two) is below it).
+"""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOG_DIR = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
+LAUNCH_TIMEOUT = float(os.environ.get("E2E_LAUNCH_TIMEOUT", "300"))
+PARITY_TOKENS = int(os.environ.get("E2E_PARITY_TOKENS", "128"))
+PARITY_LOGPROBS = os.environ.get("E2E_PARITY_LOGPROBS", "1") == "1"
+TIE_TOL = float(os.environ.get("E2E_PARITY_TIE_TOL", "0"))
+VOCAB = 32000
+PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
+RESULTS = {}
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+pytestmark = [pytest.mark.server, pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU")]
+
+COMMON = ["--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch",
+          "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache", "--skip-tokenizer-init",
+          "--grammar-backend", "none", "--mem-fraction-static", "0.5", "--cuda-graph-max-bs-decode", "8",
+          "--context-length", "4096", "--random-seed", "0"]
+
+
+def spec_args(draft):
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+            "--speculative-eagle-topk", "1", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "3"]
+
+
+def _free_port() -> int:
+    rng = random.Random(os.getpid() ^ int(time.time()))
+    for _ in range(200):
+        port = rng.randrange(21000, 39000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port")
+
+
+def _kill_tree(proc):
+    try:
+        from sglang.srt.utils import kill_process_tree
+
+        kill_process_tree(proc.pid, wait_timeout=60)
+    except Exception as ex:
+        print(f"kill_process_tree failed ({ex!r}); killing process group {proc.pid}")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(path, n=40) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class Server:
+    """One ``python -m sglang.launch_server`` process tree; log in LOG_DIR/server_<name>.log."""
+
+    def __init__(self, name, model, extra):
+        import requests
+
+        self.requests, self.name = requests, name
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(LOG_DIR, f"server_{name}.log")
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, *COMMON, *extra,
+                    "--host", "127.0.0.1", "--port", str(self.port)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop(PLUGIN_ENV, None)  # only the CLI flag enables the plugin here
+        t0 = time.time()
+        with open(self.log_path, "w") as log:
+            log.write("command: " + " ".join(self.cmd) + "\n")
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server {name} exited rc={self.proc.returncode}; log tail:\n{_tail(self.log_path)}")
+            try:
+                if requests.get(self.base + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() - t0 > LAUNCH_TIMEOUT:
+                self.stop()
+                raise RuntimeError(f"server {name} not healthy after {LAUNCH_TIMEOUT:.0f}s; log tail:\n{_tail(self.log_path)}")
+            time.sleep(2)
+        self.startup_s = round(time.time() - t0, 1)
+        RESULTS.setdefault("startup_s", {})[name] = self.startup_s
+        print(f"server {name} up in {self.startup_s}s on port {self.port}")
+
+    def generate(self, ids, n, logprobs=False, timeout=300):
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}}
+        if logprobs:
+            body.update(return_logprob=True, top_logprobs_num=2)
+        r = self.requests.post(self.base + "/generate", json=body, timeout=timeout)
+        assert r.status_code == 200, f"{self.name}: HTTP {r.status_code}: {r.text[:500]}"
+        return r.json()
+
+    def plugin_state(self):
+        st = self.requests.get(self.base + "/get_server_info", timeout=30).json()["internal_states"]
+        assert isinstance(st, list) and st, f"internal_states is {type(st).__name__}: {str(st)[:200]}"
+        return st[0].get("verify_cuda_graph")
+
+    def stop(self):
+        _kill_tree(self.proc)
+
+
+class Servers:
+    """Starts the named server on demand, stopping the previous one first (one GPU)."""
+
+    def __init__(self, models):
+        self.models, self.cur, self.failed, self.outputs = models, None, {}, {}
+
+    def get(self, name) -> Server:
+        if name in self.failed:
+            pytest.fail(f"server {name} failed earlier: {self.failed[name][:3000]}")
+        if self.cur is not None and self.cur.name == name:
+            return self.cur
+        self.close()
+        target = os.path.join(self.models, "llama-small")
+        extra = {"ours": spec_args(target + "-eagle3") + ["--enable-verify-cuda-graph"],
+                 "upstream": spec_args(target + "-eagle3"), "plain": []}[name]
+        try:
+            self.cur = Server(name, target, extra)
+        except Exception as ex:
+            self.failed[name] = str(ex)
+            pytest.fail(str(ex)[:6000])
+        return self.cur
+
+    def parity_outputs(self, name):
+        """Greedy outputs of the 16 parity prompts, one request at a time (fixed batch composition)."""
+        if name not in self.outputs:
+            s = self.get(name)
+            outs = [s.generate(ids, PARITY_TOKENS, logprobs=PARITY_LOGPROBS) for ids in PARITY_PROMPTS]
+            self.outputs[name] = outs
+            if name == "ours":
+                RESULTS["ours_after_parity"] = s.plugin_state()
+        return self.outputs[name]
+
+    def close(self):
+        if self.cur is not None:
+            self.cur.stop()
+            self.cur = None
+
+
+_rng = random.Random(2024)
+PARITY_PROMPTS = [[_rng.randrange(10, VOCAB - 10) for _ in range(16 + 13 * i)] for i in range(16)]
+
+
+def _dump_results():
+    os.makedirs(LOG_DIR, exist_ok=True)
+    with open(os.path.join(LOG_DIR, "e2e_results.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    os.makedirs(LOG_DIR, exist_ok=True)
+    models = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
+    if not os.path.isfile(os.path.join(models, "llama-small-eagle3", "config.json")):
+        models = str(tmp_path_factory.mktemp("models"))
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_models.py"), models, "--only", "llama-small"],
+                       check=True)
+    sv = Servers(models)
+    try:
+        yield sv
+    finally:
+        sv.close()
+        _dump_results()
+
+
+def test_ours_reports_verify_runner(servers):
+    st = servers.get("ours").plugin_state()
+    RESULTS["ours_at_start"] = st
+    assert st is not None, "internal_states[0] has no 'verify_cuda_graph': plugin not loaded or flag not applied"
+    assert st["runner"] == "VerifyCudaGraphRunner", st
+    assert st["num_draft_tokens"] == 3, st
+    assert 1 in st["capture_bs"] and max(st["capture_bs"]) >= 8, st
+    assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"], st
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 4, 8])
+def test_ours_concurrent_generate(servers, concurrency):
+    s = servers.get("ours")
+    before = s.plugin_state()
+    rng = random.Random(concurrency)
+    jobs = [([rng.randrange(10, VOCAB - 10) for _ in range(rng.randrange(8, 300))], 16 + 7 * (i % 5))
+            for i in range(2 * concurrency)]
+    results, errors = [None] * len(jobs), []
+
+    def worker(k):
+        for j in range(k, len(jobs), concurrency):  # each thread sends its requests back to back
+            try:
+                results[j] = s.generate(*jobs[j], timeout=120)
+            except Exception as ex:  # noqa: BLE001
+                errors.append(f"request {j}: {ex!r}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    for j, ((ids, n), r) in enumerate(zip(jobs, results)):
+        assert r is not None, f"request {j} got no response"
+        assert len(r["output_ids"]) == n, f"request {j}: {len(r['output_ids'])} tokens, asked {n}"
+        assert r["meta_info"]["completion_tokens"] == n, r["meta_info"]
+    after = s.plugin_state()
+    vct = [r["meta_info"].get("spec_verify_ct") or 0 for r in results]
+    d = {k: after[k] - before[k] for k in ("replays", "verify_steps", "fallback_total")}
+    RESULTS.setdefault("concurrency", {})[concurrency] = {"delta": d, "spec_verify_ct": vct, "after": after}
+    _dump_results()
+    assert after["fallback_total"] == 0, f"fallbacks: {after['fallbacks']}"
+    assert d["replays"] == d["verify_steps"] > 0, d
+    if any(vct):  # one verify step serves the whole batch; overlap may run one extra step per request
+        assert max(vct) <= d["verify_steps"] <= sum(vct) + len(jobs), (d, vct)
+
+
+def _first_diff(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def _top2(resp, pos):
+    try:
+        top = resp["meta_info"]["output_top_logprobs"][pos]
+        return [(round(float(t[0]), 5), int(t[1])) for t in top[:2]]
+    except Exception:
+        return None
+
+
+def compare(name_a, outs_a, name_b, outs_b):
+    """Returns (failures, ties): descriptions of the differing requests."""
+    fails, ties = [], []
+    for i, (ra, rb) in enumerate(zip(outs_a, outs_b)):
+        a, b = ra["output_ids"], rb["output_ids"]
+        p = _first_diff(a, b)
+        if p is None:
+            continue
+        ta, tb = _top2(ra, p), _top2(rb, p)
+        gaps = [t[0][0] - t[1][0] for t in (ta, tb) if t and len(t) == 2]
+        gap = round(min(gaps), 5) if gaps else None
+        msg = (f"{name_a} vs {name_b}: request {i} (prompt len {len(PARITY_PROMPTS[i])}) first differs at output "
+               f"position {p}: {name_a}={a[p] if p < len(a) else 'END'} {name_b}={b[p] if p < len(b) else 'END'}; "
+               f"{name_a}[{max(0, p - 3)}:{p + 3}]={a[max(0, p - 3):p + 3]} {name_b}[{max(0, p - 3)}:{p + 3}]={b[max(0, p - 3):p + 3]}; "
+               f"top-2 logprobs there {name_a}={ta} {name_b}={tb} (min gap {gap})")
+        (ties if TIE_TOL > 0 and gap is not None and gap < TIE_TOL else fails).append(msg)
+    return fails, ties
+
+
+def test_greedy_parity_ours_upstream_plain(servers):
+    outs = {n: servers.parity_outputs(n) for n in ("ours", "upstream", "plain")}
+    for n, o in outs.items():
+        assert all(len(r["output_ids"]) == PARITY_TOKENS for r in o), f"{n}: wrong lengths {[len(r['output_ids']) for r in o]}"
+    report, all_fails = {}, []
+    for a, b in (("ours", "upstream"), ("ours", "plain"), ("upstream", "plain")):
+        fails, ties = compare(a, outs[a], b, outs[b])
+        report[f"{a}_vs_{b}"] = {"identical": 16 - len(fails) - len(ties), "fails": fails, "ties": ties}
+        print(f"PARITY {a} vs {b}: {16 - len(fails) - len(ties)}/16 identical, {len(ties)} near-tie divergences")
+        for m in fails[:2] + ties[:2]:
+            print("  " + m)
+        all_fails += fails[:1]
+    RESULTS["parity"] = report
+    RESULTS["parity_output_ids"] = {n: [r["output_ids"] for r in o] for n, o in outs.items()}
+    _dump_results()
+    st = RESULTS.get("ours_after_parity")
+    assert st and st["fallback_total"] == 0 and st["replays"] == st["verify_steps"] > 0, st
+    assert not all_fails, "greedy outputs differ:\n" + "\n".join(all_fails)
