@@ -61,7 +61,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         counters.capture_seconds = time.perf_counter() - t0
         counters.attention = f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})"
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
-        self.selftest = GraphSelfTest(self) if getattr(cfg, "selftest", False) else None
+        self.selftest = GraphSelfTest(self) if cfg.selftest else None
 
     # ---- policy ---------------------------------------------------------------------------
     def can_run_graph(self, forward_batch) -> bool:

@@ -32,8 +32,7 @@ BASE = f"http://127.0.0.1:{PORT}"
 
 @pytest.fixture(scope="module")
 def server():
-    from sglang.srt.utils import kill_process_tree
-    from sglang.test.test_utils import popen_launch_server
+    from server_utils import launch_server, stop_server
 
     args = [
         "--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch",
@@ -47,13 +46,12 @@ def server():
     env = dict(os.environ, SGLANG_VERIFY_GRAPH_SELFTEST="1")
     log_dir = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
     os.makedirs(log_dir, exist_ok=True)
-    with open(f"{log_dir}/server_selftest.log", "w") as out:
-        proc = popen_launch_server(f"{MODELS}/llama-small", BASE, timeout=600, other_args=args,
-                                   env=env, return_stdout_stderr=(out, out))
-        try:
-            yield proc
-        finally:
-            kill_process_tree(proc.pid)
+    proc = launch_server(f"{MODELS}/llama-small", BASE, args, env=env,
+                         log_path=f"{log_dir}/server_selftest.log")
+    try:
+        yield proc
+    finally:
+        stop_server(proc)
 
 
 def _generate(ids, n):

@@ -1,0 +1,51 @@
+"""Launch / stop a real SGLang server for the GPU-machine tests.
+
+Uses SGLang's own test kit (``sglang.test.test_utils.popen_launch_server``) when it imports; on
+a machine where it cannot (it pulls in ``sglang.benchmark`` -> ``datasets``), the same thing by
+hand: ``python -m sglang.launch_server`` + polling ``/health_generate``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import requests
+
+
+def launch_server(model: str, base_url: str, args: list[str], env: dict | None = None,
+                  log_path: str | None = None, timeout: float = 600):
+    """Start the stock server; returns the Popen. Raises RuntimeError if not healthy in time."""
+    out = open(log_path, "w") if log_path else None
+    try:
+        from sglang.test.test_utils import popen_launch_server
+
+        return popen_launch_server(model, base_url, timeout=timeout, other_args=args, env=env,
+                                   return_stdout_stderr=(out, out) if out else None)
+    except ImportError:
+        pass
+    host, port = base_url.rsplit(":", 1)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model,
+           "--host", host.split("//")[-1], "--port", port, *args]
+    proc = subprocess.Popen(cmd, env=env or dict(os.environ), stdout=out or subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} (log: {log_path})")
+        try:
+            if requests.get(f"{base_url}/health_generate", timeout=5).status_code == 200:
+                return proc
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    stop_server(proc)
+    raise RuntimeError(f"server not healthy after {timeout}s (log: {log_path})")
+
+
+def stop_server(proc) -> None:
+    from sglang.srt.utils import kill_process_tree
+
+    kill_process_tree(proc.pid)
