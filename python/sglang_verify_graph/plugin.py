@@ -21,9 +21,13 @@ def register() -> None:
     """Register and verify the plugin's hooks. Raises SystemExit(1) when the flag is requested
     (command line or environment) but a hook did not take effect."""
     from sglang_verify_graph import sglang_adapter
-    from sglang_verify_graph.config import FLAG, read_env
+    from sglang_verify_graph.config import FLAG, VerifyGraphConfigError, read_env
 
-    enabled_here = read_env().enable
+    try:
+        enabled_here = read_env().enable
+    except VerifyGraphConfigError as e:  # a malformed SGLANG_VERIFY_GRAPH_* variable
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     missing = sglang_adapter.register(runtime=enabled_here)
     if not missing:
         logger.info("sglang_verify_graph: hooks installed (runtime=%s)", enabled_here)
