@@ -27,153 +27,34 @@ of a speculation cycle, not a speed-up. Prints one table and writes ``--out`` (J
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
 import json
 import os
 import random
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)  # verify_probe (also in the spawned scheduler process)
 PROBE_ENV = "BENCH_VERIFY_PROBE"
 PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
-RUNNERS = [("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner"),
-           ("sglang_verify_graph.runner", "VerifyCudaGraphRunner"),
-           ("sglang.srt.speculative.eagle_draft_cuda_graph_runner", "EAGLEDraftCudaGraphRunner"),
-           ("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner", "EAGLEDraftExtendCudaGraphRunner")]
 
 
-# ----------------------------------------------------------------- probe (scheduler process)
-def install_probe():
-    """Wrap runner ``execute`` with CUDA events; expose drained results in the scheduler's internal state."""
-    import functools
-    import importlib
-
-    import torch
-
-    pending, gpu, host = [], collections.defaultdict(list), collections.defaultdict(list)
-
-    def flush(final):
-        keep = []
-        for k, s, e in pending:
-            if final:
-                e.synchronize()
-            if final or e.query():
-                gpu[k].append(round(s.elapsed_time(e), 4))
-            else:
-                keep.append((k, s, e))
-        pending[:] = keep
-
-    def drain():
-        flush(True)
-        out = {k: {"gpu_ms": gpu[k], "host_ms": host.get(k, [])} for k in gpu}
-        gpu.clear(), host.clear()
-        return out
-
-    def wrap(cls):
-        orig = cls.__dict__.get("execute")
-        if orig is None:
-            return False
-
-        @functools.wraps(orig)
-        def execute(self, forward_batch, *a, **k):
-            if getattr(self, "_bench_probe_active", False):  # e.g. our runner calling super().execute
-                return orig(self, forward_batch, *a, **k)
-            self._bench_probe_active = True
-            try:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                s.record()
-                r = orig(self, forward_batch, *a, **k)
-                e.record()
-                h = (time.perf_counter() - t0) * 1000.0
-            finally:
-                self._bench_probe_active = False
-            try:
-                w = "draft" if self.model_runner.is_draft_worker else "target"
-                raw = getattr(self, "raw_bs", None) or forward_batch.batch_size
-                key = f"{type(self).__name__}|{w}|{forward_batch.forward_mode.name}|{raw}|{getattr(self, 'bs', '?')}"
-            except Exception:
-                key = f"{type(self).__name__}|?|?|?|?"
-            pending.append((key, s, e))
-            host[key].append(round(h, 4))
-            if len(pending) >= 512:
-                flush(False)
-            return r
-
-        cls.execute = execute
-        return True
-
-    wrapped = []
-    for mod, name in RUNNERS:
-        try:
-            if wrap(getattr(importlib.import_module(mod), name)):
-                wrapped.append(name)
-        except Exception as ex:  # e.g. the plugin is not installed
-            print(f"PROBE cannot wrap {name}: {type(ex).__name__}: {ex}", file=sys.stderr, flush=True)
-    from sglang.srt.managers.scheduler import Scheduler
-
-    orig_gis = Scheduler.get_internal_state
-
-    @functools.wraps(orig_gis)
-    def get_internal_state(self, recv_req):
-        out = orig_gis(self, recv_req)
-        try:
-            out.internal_state["bench_probe"] = drain()
-        except Exception as ex:
-            print(f"PROBE drain failed: {ex!r}", file=sys.stderr, flush=True)
-        return out
-
-    Scheduler.get_internal_state = get_internal_state
-    print(f"PROBE installed in pid {os.getpid()}: {wrapped}", file=sys.stderr, flush=True)
-
-
-if __name__ == "__mp_main__" and os.environ.get(PROBE_ENV) == "1":
+if __name__ == "__mp_main__" and os.environ.get(PROBE_ENV) == "1":  # scheduler process (spawn)
     try:
-        install_probe()
+        import verify_probe
+
+        verify_probe.install_probe()
     except Exception as _ex:  # keep the engine running without the probe
         print(f"PROBE install failed: {_ex!r}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------- child: one mode, one engine
-ROLES = {"target_decode": ("target", "DECODE"), "target_verify": ("target", "TARGET_VERIFY"),
-         "draft_decode": ("draft", "DECODE"), "draft_extend": ("draft", "DRAFT_EXTEND")}
-
-
-def _median(v):
-    return round(statistics.median(v), 4) if v else None
-
-
-def _q(v, p):
-    return round(sorted(v)[min(len(v) - 1, int(p * len(v)))], 4) if v else None
-
-
-def summarize_probe(probe: dict, bs: int) -> dict:
-    """Group raw probe lists into roles (only replays at raw batch size ``bs``); ms per replay."""
-    roles, other = {}, {}
-    for key, v in probe.items():
-        cls, worker, mode, raw, pad = (key.split("|") + ["?"] * 5)[:5]
-        role = next((r for r, (w, m) in ROLES.items() if w == worker and mode.startswith(m)), None)
-        if role is None or raw != str(bs):
-            other[key] = len(v["gpu_ms"])
-            continue
-        d = roles.setdefault(role, {"gpu": [], "host": [], "classes": set(), "padded_bs": set()})
-        d["gpu"] += v["gpu_ms"]
-        d["host"] += v["host_ms"]
-        d["classes"].add(cls)
-        d["padded_bs"].add(pad)
-    out = {r: {"n": len(d["gpu"]), "gpu_ms": _median(d["gpu"]), "gpu_ms_p10": _q(d["gpu"], 0.1),
-               "gpu_ms_p90": _q(d["gpu"], 0.9), "host_ms": _median(d["host"]),
-               "classes": sorted(d["classes"]), "padded_bs": sorted(d["padded_bs"])} for r, d in roles.items()}
-    return {"roles": out, "other_keys": other}
-
-
 def model_paths(a):
     d = os.path.abspath(a.models_dir)
     if not os.path.isfile(os.path.join(d, a.model, "config.json")):
@@ -211,6 +92,7 @@ def run_child(a, res: dict) -> None:
         os.environ[PLUGIN_ENV] = "1"
     kw = engine_kwargs(a, a.child)
     print("BENCH engine_kwargs " + json.dumps(kw), flush=True)
+    import verify_probe
     from sglang.srt.entrypoints.engine import Engine
 
     t0 = time.perf_counter()
@@ -243,7 +125,7 @@ def run_child(a, res: dict) -> None:
                       "e2e_ms_per_step": round(1000 * (tn - t1) / max(steps, 1), 4),
                       "completion_tokens": [m.get("completion_tokens") for m in metas],
                       "accept_len": [m.get("spec_accept_length") for m in metas], "spec_verify_ct": vct}
-                ph.update(summarize_probe(st["probe"], bs))
+                ph.update(verify_probe.summarize_probe(st["probe"], bs))
                 res["phases"].append(ph)
                 print("BENCH phase " + json.dumps(ph), flush=True)
         res["plugin_after"] = _state(eng)["plugin"]
@@ -336,6 +218,27 @@ def _mode_status(res) -> str:
     return s
 
 
+def _kill_tree(p) -> None:
+    """SIGKILL a child and all its descendants (the Engine's scheduler/detokenizer processes), by pid."""
+    try:
+        import psutil
+
+        procs = psutil.Process(p.pid).children(recursive=True)
+    except Exception:
+        procs = []
+    for q in procs:
+        try:
+            q.kill()
+        except Exception:
+            pass
+    if p.poll() is None:
+        p.kill()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def run_parent(a) -> int:
     t_start = time.time()
     log_dir = a.log_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "bench_logs")
@@ -358,8 +261,8 @@ def run_parent(a) -> int:
         return code
 
     def on_term(signum, frame):
-        if child["p"] is not None and child["p"].poll() is None:
-            os.killpg(child["p"].pid, signal.SIGKILL)
+        if child["p"] is not None:
+            _kill_tree(child["p"])
         meta["mode_status"].setdefault("interrupted", f"signal {signum}")
         sys.exit(finish(124))
 
@@ -371,11 +274,11 @@ def run_parent(a) -> int:
         cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--child", mode, "--child-out", jf]
         t0 = time.time()
         with open(log, "w") as lf:
-            child["p"] = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+            child["p"] = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
             try:
                 rc = child["p"].wait(timeout=a.mode_timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(child["p"].pid, signal.SIGKILL)
+                _kill_tree(child["p"])
                 rc = "timeout"
         res = json.load(open(jf)) if os.path.exists(jf) else {"mode": mode, "ok": False}
         if rc != 0 and res.get("ok") is not True:

@@ -25,7 +25,6 @@ servers' top-2 logprob gap (min of the two) is below it).
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -86,11 +85,15 @@ def _kill_tree(proc):
 
         kill_process_tree(proc.pid, wait_timeout=60)
     except Exception as ex:
-        print(f"kill_process_tree failed ({ex!r}); killing process group {proc.pid}")
+        print(f"kill_process_tree failed ({ex!r}); killing pid {proc.pid} and its children")
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            import psutil
+
+            for q in psutil.Process(proc.pid).children(recursive=True):
+                q.kill()
+        except Exception:
             pass
+        proc.kill()
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -123,7 +126,7 @@ class Server:
         with open(self.log_path, "w") as log:
             log.write("command: " + " ".join(self.cmd) + "\n")
             log.flush()
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server {name} exited rc={self.proc.returncode}; log tail:\n{_tail(self.log_path)}")

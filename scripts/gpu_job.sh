@@ -1,0 +1,189 @@
+#!/bin/bash
+# THE GPU-machine job: run from the repo root on the H200 with the bundle carried and $OUT set:
+#   run(command="bash scripts/gpu_job.sh", carry=[".device-bundle"], timeout_s=600)
+#   STAGES="e2e" bash scripts/gpu_job.sh          # one stage only; BENCH_ARGS="--quick" etc.
+# Steps: untar .device-bundle/site_*.tar.xz into /tmp/site (SGLang 0.5.16 + pinned deps, ~5 s),
+# restore .device-bundle/jitcache.tar.xz (kernel caches from the last call) if present, install
+# this project so its sglang.srt.plugins entry point is visible (pip -e offline; fallback: a
+# minimal .dist-info in /tmp/site + python/ and sgl-kernel/ on PYTHONPATH), make the dummy models
+# (scripts/make_models.py /tmp/models), print versions + nvidia-smi, then run STAGES in order:
+#   gpu    python3 -m pytest -x -q -m gpu test/gpu          (the lead's kernel/runner tests)
+#   e2e    python3 -m pytest -x -q -m server test/e2e       (3 servers, llama-small, one at a time)
+#   bench  python3 benchmark/bench_verify.py ... $BENCH_ARGS (llama-8b; ours, upstream, plain engines)
+# Each stage runs in its own process group with its own timeout (leftovers killed after it).
+# Stage times (ESTIMATES from the shared recipe, not yet measured; a cold kernel cache adds ~60 s to
+# the first SGLang start): setup 15-25 s; gpu ~60-150 s (kernel cases + one selftest server);
+# e2e ~150-200 s (3 server starts at ~35 s + 16x128-token parity x3 + concurrency); bench ~180-240 s
+# (3 engine starts + 4 phases each); packing ~15-30 s. All three rarely fit in one 10-minute call:
+# a stage never runs past TOTAL_S - RESERVE_S (the bench then keeps the modes it finished); for a
+# full bench run STAGES=bench alone (~4 min), e.g. after STAGES="gpu e2e".
+# Env (all optional):
+#   STAGES       default "gpu e2e bench"
+#   GPU_TMO / E2E_TMO / BENCH_TMO   per-stage limits in s (default 180 / 240 / 270)
+#   TOTAL_S      whole-job budget in s (default 550); RESERVE_S kept for packing (default 40)
+#   BENCH_ARGS   extra bench_verify.py args; shrink with "--quick", "--contexts 1024",
+#                "--batch-sizes 1", "--new-tokens 32", "--modes ours,upstream"; BENCH_MODE_TMO (150)
+#   E2E_ARGS / GPU_ARGS  extra pytest args (e.g. "-k parity"); E2E_PARITY_TOKENS (128) shrinks e2e
+#   BUNDLE       bundle folder (default ./.device-bundle); JITCACHE_MAX_MB (default 14)
+#   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
+#                collect tests (pytest --collect-only) and print the bench's Engine kwargs (--dry-run)
+# Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs, server logs, child logs),
+# bench_results.json, e2e_results.json, jitcache.tar.xz (copy into .device-bundle/ for next time).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd); cd "$ROOT"
+DRY=${DRY_RUN:-0}
+if [ "$DRY" = 1 ]; then BASE=${BASE:-/tmp/gpujob_dry}; BUNDLE=${BUNDLE:-$BASE/no-bundle}; else BASE=${BASE:-/tmp}; fi
+BUNDLE=${BUNDLE:-$ROOT/.device-bundle}
+OUT=${OUT:-$BASE/gpujob_out}; mkdir -p "$OUT"
+W=$BASE/gpujob; rm -rf "$W"; LOGS=$W/logs; mkdir -p "$LOGS"
+SITE=$BASE/site; MODELS=$BASE/models
+SUMMARY=$W/summary.txt; : > "$SUMMARY"
+STAGES=${STAGES:-gpu e2e bench}
+TOTAL_S=${TOTAL_S:-550}; RESERVE_S=${RESERVE_S:-40}
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+say() { echo "$*" | tee -a "$SUMMARY"; }
+el() { echo $(( $(date +%s) - T0 )); }
+
+# ---------------------------------------------------------------- environment
+mkdir -p "$SITE"
+if ls "$BUNDLE"/site_*.tar.xz >/dev/null 2>&1; then
+  if [ ! -f "$SITE/.done" ]; then
+    for t in "$BUNDLE"/site_*.tar.xz; do tar -xJf "$t" -C "$SITE" || { say "untar $t failed"; exit 2; }; done
+    touch "$SITE/.done"
+  fi
+else
+  say "WARNING: no $BUNDLE/site_*.tar.xz: using whatever sglang is installed"
+fi
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+# caches: sglang JIT (tvm-ffi + nvcc), Triton, Inductor, FlashInfer JIT (norm), torch extensions, CUDA JIT
+export TVM_FFI_CACHE_DIR=$BASE/jitcache TRITON_CACHE_DIR=$BASE/tritoncache TORCHINDUCTOR_CACHE_DIR=$BASE/inductorcache
+export FLASHINFER_WORKSPACE_BASE=$BASE/fiws TORCH_EXTENSIONS_DIR=$BASE/torchext CUDA_CACHE_PATH=$BASE/nvcache
+CACHES="jitcache tritoncache inductorcache fiws torchext nvcache"
+if [ -f "$BUNDLE/jitcache.tar.xz" ] && [ ! -d "$BASE/jitcache" ]; then
+  tar -xJf "$BUNDLE/jitcache.tar.xz" -C "$BASE" && say "restored kernel caches from $BUNDLE/jitcache.tar.xz"
+fi
+export PATH="$(dirname "$(command -v python3)")${PATH:+:$PATH}"   # the venv's ninja (tvm-ffi JIT)
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+command -v nvcc >/dev/null && export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+export MODELS_DIR=$MODELS E2E_MODELS_DIR=$MODELS VERIFY_GRAPH_MODELS=$MODELS E2E_LOG_DIR=$LOGS/e2e
+
+# ---------------------------------------------------------------- install the plugin (entry point)
+plugin_ok() {
+  python3 - "$ROOT" <<'EOF' 2>>"$LOGS/install.txt"
+import importlib.metadata as m, sys, os
+eps = {e.name: e.value for e in m.entry_points(group="sglang.srt.plugins")}
+import sglang_verify_graph as p
+ok = "verify_cuda_graph" in eps and os.path.realpath(p.__file__).startswith(os.path.realpath(sys.argv[1]))
+print(f"plugin entry points {eps}; sglang_verify_graph from {p.__file__}")
+sys.exit(0 if ok else 1)
+EOF
+}
+if [ "$DRY" = 1 ]; then echo "DRY_RUN: no pip" > "$LOGS/install.txt"; else
+  env -u PYTHONPATH timeout 120 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
+    > "$LOGS/install.txt" 2>&1; fi
+if [ "$DRY" != 1 ] && plugin_ok >> "$LOGS/install.txt"; then
+  say "install: pip -e ok ($(tail -1 "$LOGS/install.txt" | cut -c1-200))"
+else
+  [ "$DRY" = 1 ] && say "install: DRY_RUN, .dist-info fallback in $SITE" || \
+    say "install: pip -e failed or not visible (see logs/install.txt); using .dist-info fallback in $SITE"
+  DI=$SITE/sglang_verify_graph-0.1.0.dist-info; mkdir -p "$DI"
+  printf 'Metadata-Version: 2.1\nName: sglang-verify-graph\nVersion: 0.1.0\n' > "$DI/METADATA"
+  printf '[sglang.srt.plugins]\nverify_cuda_graph = sglang_verify_graph.plugin:register\n' > "$DI/entry_points.txt"
+  export PYTHONPATH=$ROOT/python:$ROOT/sgl-kernel:$PYTHONPATH
+  plugin_ok >> "$LOGS/install.txt" && say "install: fallback ok" || say "install: FALLBACK FAILED (see logs/install.txt)"
+fi
+python3 scripts/make_models.py "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "make_models FAILED: $(tail -3 "$LOGS/make_models.txt")"
+say "== setup done in $(el)s; CUDA_HOME=${CUDA_HOME:-none}; $(nvcc --version 2>/dev/null | tail -1)"
+say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>/dev/null | head -2 | tr '\n' ' ')"
+say "cpu: $(nproc) x$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+say "$(python3 -c "
+import importlib.metadata as m, sys
+def v(p):
+    try: return m.version(p)
+    except Exception: return '-'
+print('versions python=' + sys.version.split()[0], ' '.join(f'{p}={v(p)}' for p in ('torch','sglang','triton','transformers','sglang-kernel','flashinfer-python','sglang-verify-graph')))" 2>&1 | tail -1)"
+nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1
+
+# ---------------------------------------------------------------- stages
+declare -A RC; ORDER=""
+SETSID=$(command -v setsid || true)   # own process group per stage, so leftovers can be killed after it
+COLLECT=""; BENCH_DRY=""; [ "$DRY" = 1 ] && { COLLECT="--collect-only"; BENCH_DRY="--dry-run"; }
+run_stage() {  # name limit_s cmd...
+  local name=$1 tmo=$2; shift 2
+  ORDER="$ORDER $name"
+  local left=$(( T0 + TOTAL_S - RESERVE_S - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then RC[$name]=skipped; say "== stage $name: SKIPPED (${left}s left of TOTAL_S=$TOTAL_S)"; return; fi
+  [ "$tmo" -gt "$left" ] && tmo=$left
+  local t1=$(date +%s)
+  echo "== stage $name (limit ${tmo}s): $*"
+  $SETSID timeout -k 15 "$tmo" "$@" > "$LOGS/$name.log" 2>&1 &
+  local pid=$!
+  wait "$pid"; local rc=$?
+  kill -KILL -- "-$pid" 2>/dev/null && sleep 3   # whatever the stage left running (its own process group)
+  RC[$name]=$rc
+  say "== stage $name: rc=$rc in $(( $(date +%s) - t1 ))s (limit ${tmo}s)$([ "$rc" = 124 ] && echo ' TIMED OUT')"
+}
+for st in $STAGES; do
+  case $st in
+    gpu)
+      if ls test/gpu/test_*.py >/dev/null 2>&1; then
+        run_stage gpu "${GPU_TMO:-180}" python3 -m pytest -x -q -rs -m gpu test/gpu -p no:cacheprovider $COLLECT ${GPU_ARGS:-}
+      else RC[gpu]=absent; ORDER="$ORDER gpu"; say "== stage gpu: SKIPPED (no test/gpu/test_*.py)"; fi ;;
+    e2e)
+      run_stage e2e "${E2E_TMO:-240}" python3 -m pytest -x -q -rs -m server test/e2e -p no:cacheprovider $COLLECT ${E2E_ARGS:-} ;;
+    bench)
+      run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
+        --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
+    *) say "unknown stage '$st' (gpu, e2e, bench)" ;;
+  esac
+done
+
+# ---------------------------------------------------------------- results
+for st in gpu e2e; do
+  [ -f "$LOGS/$st.log" ] || continue
+  say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
+  grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
+  grep -E '^E  ' "$LOGS/$st.log" | head -6 | cut -c1-400 | while read -r l; do say "   $l"; done
+done
+if [ -f "$LOGS/e2e/e2e_results.json" ]; then
+  cp "$LOGS/e2e/e2e_results.json" "$OUT/"
+  say "$(python3 - "$LOGS/e2e/e2e_results.json" <<'EOF' 2>&1 | head -12
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("-- e2e startup_s", r.get("startup_s"))
+for k, v in (r.get("parity") or {}).items():
+    print(f"-- parity {k}: {v['identical']}/16 identical, {len(v['ties'])} near-ties; " + (v["fails"] + v["ties"] + [""])[0][:300])
+for c, v in (r.get("concurrency") or {}).items():
+    print(f"-- concurrency {c}: delta {v['delta']} spec_verify_ct sum {sum(v['spec_verify_ct'])}")
+s = r.get("ours_after_parity") or r.get("ours_at_start")
+if s: print("-- ours counters", {k: s.get(k) for k in ("runner", "capture_bs", "replays", "verify_steps", "fallback_total", "fallbacks")})
+EOF
+)"
+fi
+if [ -f "$LOGS/bench.log" ]; then
+  grep -E '^BENCH mode ' "$LOGS/bench.log" | cut -c1-300 | while read -r l; do say "$l"; done
+  grep -E '^RESULT ' "$LOGS/bench.log" | tail -20 | cut -c1-400 >> "$SUMMARY"
+fi
+[ -f "$W/bench_results.json" ] && cp "$W/bench_results.json" "$OUT/"
+
+# ---------------------------------------------------------------- pack (caches for the next call, logs)
+PRESENT=$(cd "$BASE" && for c in $CACHES; do [ -d "$c" ] && echo "$c"; done)
+(cd "$BASE" && du -sh $PRESENT 2>/dev/null | tr '\n' ' ') > "$LOGS/cache_sizes.txt"
+if [ -n "$PRESENT" ]; then
+  XZ_OPT="-T0 -6" tar -cJf "$OUT/jitcache.tar.xz" -C "$BASE" $PRESENT 2>/dev/null
+  MB=$(( $(stat -c %s "$OUT/jitcache.tar.xz") / 1048576 ))
+  if [ "$MB" -ge "${JITCACHE_MAX_MB:-14}" ]; then  # keep it carriable: drop Triton IR text, keep cubins + metadata
+    XZ_OPT="-T0 -6" tar -cJf "$OUT/jitcache.tar.xz" -C "$BASE" --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.llir' \
+      --exclude='*.ptx' --exclude='*.source' --exclude='*.amdgcn' $PRESENT 2>/dev/null
+  fi
+  say "jitcache.tar.xz $(( $(stat -c %s "$OUT/jitcache.tar.xz") / 1048576 )) MiB from: $(cat "$LOGS/cache_sizes.txt")"
+fi
+say "== total $(el)s; stages: $(for k in $ORDER; do printf '%s=%s ' "$k" "${RC[$k]}"; done)"
+cp "$SUMMARY" "$OUT/summary.txt"
+tar -czf "$OUT/logs.tar.gz" -C "$W" logs summary.txt
+echo; echo "================ SUMMARY ================"
+cat "$SUMMARY"
+echo "OUT: $(cd "$OUT" && ls -l | awk 'NR>1{printf "%s(%d KiB) ", $9, $5/1024}')"
+FAIL=0; for k in "${!RC[@]}"; do case ${RC[$k]} in 0|absent) ;; *) FAIL=1 ;; esac; done
+exit $FAIL
