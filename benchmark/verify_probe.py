@@ -109,6 +109,14 @@ def install_probe():
 
 ROLES = {"target_decode": ("target", "DECODE"), "target_verify": ("target", "TARGET_VERIFY"),
          "draft_decode": ("draft", "DECODE"), "draft_extend": ("draft", "DRAFT_EXTEND")}
+DRAFT_CLASSES = {"EAGLEDraftCudaGraphRunner": "draft_decode", "EAGLEDraftExtendCudaGraphRunner": "draft_extend"}
+
+
+def role_of(cls: str, worker: str, mode: str):
+    """target_decode / target_verify / draft_decode / draft_extend, or None (e.g. IDLE)."""
+    if cls in DRAFT_CLASSES:
+        return DRAFT_CLASSES[cls]
+    return next((r for r, (w, m) in ROLES.items() if w == worker and mode.startswith(m)), None)
 
 
 def _median(v):
@@ -124,7 +132,7 @@ def summarize_probe(probe: dict, bs: int) -> dict:
     roles, other = {}, {}
     for key, v in probe.items():
         cls, worker, mode, raw, pad = (key.split("|") + ["?"] * 5)[:5]
-        role = next((r for r, (w, m) in ROLES.items() if w == worker and mode.startswith(m)), None)
+        role = role_of(cls, worker, mode)
         if role is None or raw != str(bs):
             other[key] = len(v["gpu_ms"])
             continue

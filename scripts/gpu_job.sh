@@ -65,6 +65,11 @@ if [ -f "$BUNDLE/jitcache.tar.xz" ] && [ ! -d "$BASE/jitcache" ]; then
 fi
 export PATH="$(dirname "$(command -v python3)")${PATH:+:$PATH}"   # the venv's ninja (tvm-ffi JIT)
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+if ! command -v sglang >/dev/null; then  # console script for sglang.test's popen_launch_server (`sglang serve`)
+  mkdir -p "$BASE/bin"; export PATH=$BASE/bin:$PATH
+  printf '#!/bin/sh\nexec python3 -c "import sys; sys.argv[0] = \x27sglang\x27; from sglang.cli.main import main; sys.exit(main())" "$@"\n' > "$BASE/bin/sglang"
+  chmod +x "$BASE/bin/sglang"
+fi
 command -v nvcc >/dev/null && export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 export MODELS_DIR=$MODELS E2E_MODELS_DIR=$MODELS VERIFY_GRAPH_MODELS=$MODELS E2E_LOG_DIR=$LOGS/e2e
 
