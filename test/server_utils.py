@@ -1,8 +1,9 @@
 """Launch / stop a real SGLang server for the GPU-machine tests.
 
-Uses SGLang's own test kit (``sglang.test.test_utils.popen_launch_server``) when it imports; on
-a machine where it cannot (it pulls in ``sglang.benchmark`` -> ``datasets``), the same thing by
-hand: ``python -m sglang.launch_server`` + polling ``/health_generate``.
+Always the stock ``python -m sglang.launch_server`` (the command users run; SGLang's
+``popen_launch_server`` starts the ``sglang serve`` console script instead, which a PYTHONPATH
+install such as the GPU machine's bundle does not have), polled on ``/health_generate``, and
+stopped with SGLang's ``kill_process_tree``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,6 @@ def launch_server(model: str, base_url: str, args: list[str], env: dict | None =
                   log_path: str | None = None, timeout: float = 600):
     """Start the stock server; returns the Popen. Raises RuntimeError if not healthy in time."""
     out = open(log_path, "w") if log_path else None
-    try:
-        from sglang.test.test_utils import popen_launch_server
-
-        return popen_launch_server(model, base_url, timeout=timeout, other_args=args, env=env,
-                                   return_stdout_stderr=(out, out) if out else None)
-    except ImportError:
-        pass
     host, port = base_url.rsplit(":", 1)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model,
            "--host", host.split("//")[-1], "--port", port, *args]
