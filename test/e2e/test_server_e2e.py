@@ -15,6 +15,11 @@ greedy parity: 16 fixed prompts x 128 tokens (temperature 0, ignore_eos) give to
 ``output_ids`` on all three servers; the first differing request/position is printed otherwise,
 with each server's top-2 logprobs there (dummy random weights have near-ties; accept length is 1.0).
 
+SGLang's kit: ``kill_process_tree`` (sglang.srt.utils) stops each server tree. Its
+``popen_launch_server`` is not used: in 0.5.16 it runs the ``sglang serve`` console script and
+appends ``--device``, while this tier must exercise the stock ``python -m sglang.launch_server``
+(and ``sglang.test.test_utils`` imports ``sglang.benchmark`` -> ``datasets``).
+
 Env: ``E2E_LOG_DIR`` (server logs + e2e_results.json, default /tmp/e2e_logs), ``E2E_MODELS_DIR``
 (default /tmp/models; made in a temp folder when missing), ``E2E_LAUNCH_TIMEOUT`` (s, default 300),
 ``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
