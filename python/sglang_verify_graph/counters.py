@@ -94,7 +94,7 @@ class VerifyCounters:
             "replays": self.replays,
             "padded_rows": self.padded_rows,
             "verify_steps": self.verify_steps,
-            "fallbacks": dict(self.fallbacks),
+            "fallbacks": {str(k): int(v) for k, v in self.fallbacks.items()},
             "fallback_total": self.fallback_total,
             **({"selftest": dict(self.selftest)} if self.selftest else {}),
         }

@@ -97,6 +97,8 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         return spec_info
 
     def load_batch(self, forward_batch, pp_proxy_tensors=None):
+        if self.selftest is not None and forward_batch.needs_forward_metadata_init():
+            self.selftest.poison(self)  # before the full fill (not the pre-planned re-entry)
         super().load_batch(forward_batch, pp_proxy_tensors)
         # SGLang resets the padded tail of positions / out_cache_loc / req_pool_indices /
         # seq_lens but leaves stale input_ids there (FOREACH_COPY); neutralise it on purpose.
@@ -107,8 +109,6 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
     def execute(self, forward_batch, pp_proxy_tensors=None):
         if not forward_batch.forward_mode.is_target_verify():
             return super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
-        if self.selftest is not None:
-            self.selftest.poison(self)
         out = super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
         self.counters.count_replay(self.bs, self.raw_bs)
         if self.selftest is not None:

@@ -149,12 +149,14 @@ def build_verify_input_hook(original: Callable, *args, **kwargs):
 
 
 def internal_state_hook(result, *args, **kwargs):
-    """AFTER ``Scheduler.get_internal_state``: add this rank's counters."""
+    """AFTER ``Scheduler.get_internal_state``: add this rank's counters to the returned
+    ``GetInternalStateReqOutput.internal_state`` dict (what /get_server_info serves)."""
     from sglang_verify_graph.counters import get_counters
 
     counters = get_counters()
-    if counters is not None and isinstance(result, dict):
-        result["verify_cuda_graph"] = counters.snapshot()
+    state = getattr(result, "internal_state", result)
+    if counters is not None and isinstance(state, dict):
+        state["verify_cuda_graph"] = counters.snapshot()
     return result
 
 
