@@ -41,6 +41,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
             raise RuntimeError(f"VerifyCudaGraphRunner needs ChainVerifyTritonBackend, got {type(backend).__name__}")
         self.verify_cfg = cfg
         self.counters = counters
+        self.selftest = None  # set after capture (capture never loads a batch)
         t0 = time.perf_counter()
         super().__init__(model_runner)  # builds buffers and captures (largest bucket first)
         if not self.capture_forward_mode.is_target_verify() or self.captured_req_width != cfg.num_draft_tokens:
