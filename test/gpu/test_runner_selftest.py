@@ -26,6 +26,7 @@ import requests
 pytestmark = [pytest.mark.gpu, pytest.mark.server]
 
 MODELS = os.environ.get("VERIFY_GRAPH_MODELS", "/tmp/models")
+MODEL = os.environ.get("VERIFY_GRAPH_SELFTEST_MODEL", "llama-small")  # or kimi-small (MLA + MoE)
 PORT = int(os.environ.get("VERIFY_GRAPH_SELFTEST_PORT", "31870"))
 BASE = f"http://127.0.0.1:{PORT}"
 
@@ -36,7 +37,7 @@ def server():
 
     args = [
         "--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch",
-        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", f"{MODELS}/llama-small-eagle3",
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", f"{MODELS}/{MODEL}-eagle3",
         "--speculative-eagle-topk", "1", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "3",
         "--enable-verify-cuda-graph", "--cuda-graph-bs-decode", "1", "2", "4", "8",
         "--max-running-requests", "12", "--cuda-graph-backend-prefill", "disabled",
@@ -46,8 +47,8 @@ def server():
     env = dict(os.environ, SGLANG_VERIFY_GRAPH_SELFTEST="1")
     log_dir = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
     os.makedirs(log_dir, exist_ok=True)
-    proc = launch_server(f"{MODELS}/llama-small", BASE, args, env=env,
-                         log_path=f"{log_dir}/server_selftest.log")
+    proc = launch_server(f"{MODELS}/{MODEL}", BASE, args, env=env,
+                         log_path=f"{log_dir}/server_selftest_{MODEL}.log")
     try:
         yield proc
     finally:
