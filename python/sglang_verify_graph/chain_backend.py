@@ -66,7 +66,7 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
         problems = []
         if self.sliding_window_size is not None and self.sliding_window_size > 0:
             problems.append("sliding-window attention")
-        if self.use_sliding_window_kv_pool or self._translate_kv_loc is not None:
+        if self.use_sliding_window_kv_pool or sa.kv_translation_active(self):
             problems.append("hybrid / unified KV pool")
         if self.dcp_size > 1:
             problems.append("decode context parallelism")
@@ -171,7 +171,7 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
                                f"{unsupported or 'no fresh K/V'}; remove --enable-verify-cuda-graph")
         meta = self._chain_meta
         if save_kv_cache:
-            self._set_kv_buffer(forward_batch, layer, sa.kv_write_loc(forward_batch.out_cache_loc), k, v)
+            self._set_kv_buffer(forward_batch, layer, sa.kv_write_loc(forward_batch), k, v)
         o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
         cap = sa.logit_cap(layer)
         chain_verify_attention_fwd(

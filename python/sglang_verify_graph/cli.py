@@ -7,17 +7,20 @@ The adapter registers these with sglang's ``HookRegistry``
 * AROUND hooks as ``hook(original, *args, **kwargs)``; for a classmethod target
   ``original`` is the plain function and ``args[0]`` is the class.
 
-Targets (sglang 0.5.16):
+Targets (sglang 0.5.16; 0.5.23 validates in ``resolve_once`` instead of ``__post_init__``):
 
 ============================================================  ======  ==========================
 ``sglang.srt.server_args.ServerArgs.add_cli_args``            AFTER   :func:`add_cli_args_hook`
 ``sglang.srt.server_args.ServerArgs.from_cli_args``           AROUND  :func:`from_cli_args_hook`
-``sglang.srt.server_args.ServerArgs.__post_init__``           AFTER   :func:`post_init_hook`
+``sglang.srt.server_args.ServerArgs.__post_init__`` (0.5.16)  AFTER   :func:`post_init_hook`
+``sglang.srt.server_args.ServerArgs.resolve_once`` (0.5.23)   AFTER   :func:`resolve_once_hook`
 ============================================================  ======  ==========================
 
-:func:`post_init_hook` is the single validation point for both the CLI
-(``python -m sglang.launch_server ... --enable-verify-cuda-graph``) and the
-Python API (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` + ``sglang.Engine(**kwargs)``).
+:func:`post_init_hook` (0.5.16) / :func:`resolve_once_hook` (0.5.23) is the single validation
+point for both the CLI (``python -m sglang.launch_server ... --enable-verify-cuda-graph``) and the
+Python API (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` + ``sglang.Engine(**kwargs)``): the place where
+that SGLang version resolves the server arguments. On 0.5.23 validation reads the resolved view
+(``sglang_adapter.resolved``), since the record's fields keep the raw input.
 This module imports nothing from ``sglang.srt`` at module level.
 """
 
@@ -41,6 +44,16 @@ from .config import (
 
 DEST = "enable_verify_cuda_graph"
 """``argparse`` destination of :data:`~sglang_verify_graph.config.FLAG`."""
+
+ATTR_FROM_CLI = "_verify_cuda_graph_from_cli"
+"""0.5.23: underscore attribute marking a record built by ``from_cli_args`` while the feature was
+requested, so the later validation (``resolve_once``) ends the launcher with one line."""
+
+
+def _adapter():
+    from sglang_verify_graph import sglang_adapter
+
+    return sglang_adapter
 
 HELP = (
     "Replay the EAGLE-3 target verify of a linear draft chain through a dedicated "
@@ -86,6 +99,10 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
         cls: the ``ServerArgs`` class.
         args: the parsed ``argparse.Namespace``.
 
+    On sglang 0.5.23 ``original`` returns an *unresolved* record, so nothing is
+    validated here; the record is marked (:data:`ATTR_FROM_CLI`) and
+    :func:`resolve_once_hook` validates it once SGLang resolves it.
+
     Returns:
         The ``ServerArgs`` built by ``original``.
 
@@ -101,8 +118,12 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
         server_args = original(cls, args)
         if requested:
             setattr(server_args, ATTR_ENABLE, True)
-            # Validate here too, in case no post-init hook is installed.
-            post_init_hook(None, server_args)
+            if _adapter().VALIDATES_AT_CONSTRUCTION:
+                # Validate here too, in case no post-init hook is installed.
+                post_init_hook(None, server_args)
+        if not _adapter().VALIDATES_AT_CONSTRUCTION and (requested or os.environ.get(ENV_ENABLE)):
+            # 0.5.23: the record is still unresolved; resolve_once_hook validates it later.
+            setattr(server_args, ATTR_FROM_CLI, True)
     except VerifyGraphConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
@@ -134,8 +155,30 @@ def post_init_hook(result: Any, server_args: Any) -> None:
     model_path = getattr(server_args, "model_path", None)
     if isinstance(model_path, str) and model_path.lower() in UNRESOLVED_MODEL_PATHS:
         return None
-    config: Optional[VerifyGraphConfig] = build_config(server_args)
+    config: Optional[VerifyGraphConfig] = build_config(_adapter().resolved(server_args))
     if config is not None:
         setattr(server_args, ATTR_ENABLE, True)
         setattr(server_args, ATTR_CONFIG, config)
+    return None
+
+
+def resolve_once_hook(result: Any, server_args: Any) -> None:
+    """AFTER hook on ``ServerArgs.resolve_once(self)`` (sglang 0.5.23): validate when enabled.
+
+    0.5.23 resolves server arguments in ``resolve_once()`` (called by the launcher, by
+    ``sglang.Engine`` and again, as a no-op, in every scheduler process), not in
+    ``__post_init__``. Runs :func:`post_init_hook` on the record (which reads the resolved view).
+
+    Raises:
+        SystemExit: code 2 after one line ``error: <message>`` on stderr when the record was
+            built from the command line (:data:`ATTR_FROM_CLI`), as on 0.5.16.
+        VerifyGraphConfigError: otherwise (``sglang.Engine(**kwargs)``), from the constructor.
+    """
+    try:
+        post_init_hook(None, server_args)
+    except VerifyGraphConfigError as err:
+        if getattr(server_args, ATTR_FROM_CLI, False):
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        raise
     return None

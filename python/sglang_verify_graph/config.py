@@ -4,7 +4,8 @@ This module is import-light on purpose: it does not import ``sglang.srt`` (nor
 torch) at module level, so it can be used from the CLI hooks, from the
 scheduler processes and from CPU tests alike. It works on *duck-typed*
 server-args objects: anything with the attribute names of sglang 0.5.16's
-``sglang.srt.server_args.ServerArgs`` (a real resolved ``ServerArgs`` or a
+``sglang.srt.server_args.ServerArgs`` (a real resolved ``ServerArgs``, sglang
+0.5.23's resolved view of one, see ``sglang_adapter.resolved``, or a
 ``types.SimpleNamespace``).
 
 Two channels carry "the flag is on":
@@ -338,10 +339,14 @@ def _check_cuda_graph(sa: Any) -> Optional[str]:
 
 def _check_parallel(sa: Any) -> None:
     dp = getattr(sa, "enable_dp_attention", False)
+    # sglang 0.5.23 spells DP attention --attn-dp-size N (and resolves the deprecated
+    # --enable-dp-attention into it); 0.5.16 has no such field.
+    attn_dp = getattr(sa, "attn_dp_size", 1) or 1
     pp = getattr(sa, "pp_size", 1) or 1
     tbo = getattr(sa, "enable_two_batch_overlap", False)
     checks = (
         ("--enable-dp-attention", bool(dp), dp, "DP attention", "remove --enable-dp-attention"),
+        ("--attn-dp-size", attn_dp > 1, attn_dp, "DP attention", "use --attn-dp-size 1"),
         ("--pp-size", pp > 1, pp, "pipeline parallelism", "use --pp-size 1"),
         ("--enable-two-batch-overlap", bool(tbo), tbo, "two-batch overlap",
          "remove --enable-two-batch-overlap"),

@@ -33,7 +33,8 @@ def register() -> None:
         logger.info("sglang_verify_graph: hooks installed (runtime=%s)", enabled_here)
         return
     msg = (f"error: {FLAG}: the plugin could not hook into this SGLang version "
-           f"(supported: 0.5.16); not applied: {'; '.join(missing)}")
+           f"(sglang {sglang_adapter.SGLANG_VERSION}; supported: "
+           f"{', '.join(sglang_adapter.SUPPORTED_VERSIONS)}); not applied: {'; '.join(missing)}")
     if enabled_here or sglang_adapter.argv_requests_flag(FLAG):
         print(msg, file=sys.stderr, flush=True)
         raise SystemExit(1)

@@ -84,10 +84,12 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         if bs > self.max_bs:
             return C.REASON_BS_ABOVE_MAX, (f"bs={bs} > max captured {self.max_bs}; raise "
                                            "--cuda-graph-max-bs-decode or lower --max-running-requests")
-        if self.require_mlp_sync and not forward_batch.can_run_dp_cuda_graph:
+        if self.require_mlp_sync and not sa.can_run_dp(forward_batch):
             return C.REASON_DP_SYNC, ""
         if self.enable_two_batch_overlap and not forward_batch.can_run_tbo:
             return C.REASON_TBO, ""
+        if not sa.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE:  # sglang 0.5.23: no hidden-mode refusal
+            return C.REASON_OTHER, ""
         return C.REASON_HIDDEN_MODE, f"graph captured {self.capture_hidden_mode.name}"
 
     # ---- mechanics hooks -------------------------------------------------------------------

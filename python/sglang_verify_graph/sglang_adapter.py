@@ -1,18 +1,24 @@
-"""The one module that touches SGLang internals (``sglang.srt.*``); pinned to sglang 0.5.16.
+"""The one module that touches SGLang internals (``sglang.srt.*``); supports sglang 0.5.16 and
+0.5.23 (``sglang_adapter_v0523`` holds what only 0.5.23 needs and is imported from here only).
 
-An SGLang upgrade changes this file only. Heavy internals are imported lazily inside functions so
-the HTTP main process (which loads plugins before parsing arguments) imports only
+An SGLang upgrade changes this file (and its version module) only. The version is read once, at
+import (:data:`SGLANG_VERSION`); :data:`API_0523` selects the 0.5.23 code paths (sglang >= 0.5.23),
+every older version takes the 0.5.16 paths unchanged. Heavy internals are imported lazily inside
+functions so the HTTP main process (which loads plugins before parsing arguments) imports only
 ``server_args`` and the hook registry.
 
-Hook points (0.5.16; see docs/design.md):
+Hook points (see docs/design.md):
   CLI (every process): ``ServerArgs.add_cli_args`` AFTER (adds the flag),
-    ``ServerArgs.from_cli_args`` AROUND (records it, one-line errors),
-    ``ServerArgs.__post_init__`` AFTER (validation for the CLI and ``sglang.Engine``).
+    ``ServerArgs.from_cli_args`` AROUND (records it, one-line errors), and the validation point
+    that runs for both the CLI and ``sglang.Engine``: 0.5.16 ``ServerArgs.__post_init__`` AFTER;
+    0.5.23 ``ServerArgs.resolve_once`` AFTER (0.5.23's ``__post_init__`` resolves nothing).
   Runtime (processes where the flag is on, i.e. schedulers):
     ``register_attention_backend("triton")`` (SGLang's attention registry): the EAGLE topk=1
       target gets ``ChainVerifyTritonBackend``;
-    ``cuda_graph_setup.capture_decode_graph`` AROUND: the target gets ``VerifyCudaGraphRunner``
-      instead of ``DecodeCudaGraphRunner`` (upstream's verify graph is not captured as well);
+    0.5.16 ``cuda_graph_setup.capture_decode_graph`` AROUND / 0.5.23
+      ``ModelRunner._decode_cuda_graph_runner_cls`` AROUND: the target gets
+      ``VerifyCudaGraphRunner`` instead of ``DecodeCudaGraphRunner`` (upstream's verify graph is
+      not captured as well);
     ``eagle_worker_common.build_eagle_verify_input`` AROUND: topk=1 chains build the tiny
       QLEN_ONLY tree mask instead of the full ``ndt * (seq_len + ndt)`` mask + memset;
     ``Scheduler.get_internal_state`` AFTER: counters under ``"verify_cuda_graph"``.
@@ -22,16 +28,57 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable
+from typing import Any, Callable
 
+import sglang
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 logger = logging.getLogger("sglang_verify_graph")
 
+SUPPORTED_VERSIONS = ("0.5.16", "0.5.23")
+"""SGLang versions this plugin is written and tested against (see README)."""
+
+
+def _version_tuple(text: str) -> tuple:
+    parts = []
+    for piece in str(text).split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+SGLANG_VERSION: str = str(getattr(sglang, "__version__", "0"))
+"""``sglang.__version__`` of the installed SGLang, read once at import."""
+
+API_0523: bool = _version_tuple(SGLANG_VERSION) >= (0, 5, 23)
+"""True on sglang >= 0.5.23 (msgspec ServerArgs, resolution views, runner-class hook)."""
+
+VALIDATES_AT_CONSTRUCTION: bool = not API_0523
+"""0.5.16 resolves ServerArgs in ``__post_init__``; 0.5.23 only in ``resolve_once()``."""
+
+CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE: bool = not API_0523
+"""0.5.16's ``can_run_graph`` refuses a capture-hidden-mode mismatch; 0.5.23 fixes the mode at
+capture and has no such check."""
+
 _SA = "sglang.srt.server_args.ServerArgs"
 CAPTURE_DECODE_GRAPH = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph"
+DECODE_RUNNER_CLS = "sglang.srt.model_executor.model_runner.ModelRunner._decode_cuda_graph_runner_cls"
 BUILD_VERIFY_INPUT = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
 GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+
+
+def _v0523():
+    from sglang_verify_graph import sglang_adapter_v0523
+
+    return sglang_adapter_v0523
+
+
+# ---- server args ---------------------------------------------------------------------------
+def resolved(server_args: Any) -> Any:
+    """Read view of the *resolved* server arguments. 0.5.16: the object itself (``__post_init__``
+    resolves in place). 0.5.23: SGLang's ``resolving_view`` (the record keeps the operator's raw
+    input; resolution decisions live in declarations over it)."""
+    return _v0523().resolved(server_args) if API_0523 else server_args
 
 
 # ---- classes and helpers the runner / backend build on ------------------------------------
@@ -47,10 +94,28 @@ def decode_cuda_graph_runner_cls():
     return DecodeCudaGraphRunner
 
 
-def kv_write_loc(out_cache_loc):
+def kv_write_loc(forward_batch):
+    """The KV write target of this forward's ``out_cache_loc`` (``KVWriteLoc``)."""
+    if API_0523:
+        return _v0523().kv_write_loc(forward_batch)
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    return KVWriteLoc(out_cache_loc, None, full_loc=None)
+    return KVWriteLoc(forward_batch.out_cache_loc, None, full_loc=None)
+
+
+def kv_translation_active(backend) -> bool:
+    """Whether the page table holds virtual slot ids that kernels must translate (unified pool).
+    The chain kernel reads ``req_to_token`` directly, so it refuses such a pool."""
+    if API_0523:
+        return _v0523().kv_translation_active(backend)
+    return backend._translate_kv_loc is not None
+
+
+def can_run_dp(forward_batch) -> bool:
+    """The DP-attention vote that the batch may replay a graph (0.5.23 renamed the field)."""
+    if API_0523:
+        return bool(forward_batch.can_run_decode_cuda_graph)
+    return bool(forward_batch.can_run_dp_cuda_graph)
 
 
 def logit_cap(layer) -> float:
@@ -68,14 +133,14 @@ def is_eagle_topk1_target(model_runner) -> bool:
     """The runner this project replaces: the target (not draft) of EAGLE/EAGLE-3 with topk 1."""
     algo = model_runner.spec_algorithm
     return (not model_runner.is_draft_worker and algo.is_eagle()
-            and (model_runner.server_args.speculative_eagle_topk or 1) == 1)
+            and (resolved(model_runner.server_args).speculative_eagle_topk or 1) == 1)
 
 
 # ---- runtime hooks -------------------------------------------------------------------------
 def _config_for(model_runner):
     from sglang_verify_graph.config import build_config
 
-    return build_config(model_runner.server_args)
+    return build_config(resolved(model_runner.server_args))
 
 
 def _install_triton_factory() -> None:
@@ -97,25 +162,25 @@ def _install_triton_factory() -> None:
     registry.register_attention_backend("triton")(create_triton_backend)
 
 
-def capture_decode_graph_hook(original: Callable, *args, **kwargs):
-    """AROUND ``capture_decode_graph(model_runner=...)``: capture VerifyCudaGraphRunner for the
-    EAGLE topk=1 target whose attention backend is the chain backend; otherwise upstream."""
-    model_runner = kwargs.get("model_runner", args[0] if args else None)
+def uses_chain_backend(model_runner) -> bool:
     from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
 
-    if not isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend):
-        return original(*args, **kwargs)
-    from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import DecodeGraphCapture
+    return isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend)
+
+
+def capture_verify_runner(model_runner, build: Callable):
+    """Capture our runner with ``build(model_runner, cfg, counters)``, fill the capture counters
+    (time, GPU memory) and log one line; an OOM becomes one actionable RuntimeError. Returns
+    ``(runner, graph_mem_gib)``."""
     from sglang.srt.utils import get_available_gpu_memory
 
     from sglang_verify_graph.counters import VerifyCounters, install_counters
-    from sglang_verify_graph.runner import VerifyCudaGraphRunner
 
     cfg = model_runner.attn_backend.verify_cfg
     counters = install_counters(VerifyCounters(log_every=cfg.log_every))
     before = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
     try:
-        runner = VerifyCudaGraphRunner(model_runner, cfg, counters)
+        runner = build(model_runner, cfg, counters)
     except Exception as e:
         if "out of memory" in str(e).lower():
             raise RuntimeError(
@@ -130,7 +195,30 @@ def capture_decode_graph_hook(original: Callable, *args, **kwargs):
         "tokens/request, attention=%s, %.2f s, %.3f GiB",
         counters.capture_bs, counters.num_draft_tokens, counters.attention,
         counters.capture_seconds, counters.graph_mem_gib)
-    return DecodeGraphCapture(runner=runner, graph_mem_usage=before - after)
+    return runner, before - after
+
+
+def capture_decode_graph_hook(original: Callable, *args, **kwargs):
+    """0.5.16, AROUND ``capture_decode_graph(model_runner=...)``: capture VerifyCudaGraphRunner for
+    the EAGLE topk=1 target whose attention backend is the chain backend; otherwise upstream."""
+    model_runner = kwargs.get("model_runner", args[0] if args else None)
+    if not uses_chain_backend(model_runner):
+        return original(*args, **kwargs)
+    from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import DecodeGraphCapture
+
+    from sglang_verify_graph.runner import VerifyCudaGraphRunner
+
+    runner, mem = capture_verify_runner(model_runner, VerifyCudaGraphRunner)
+    return DecodeGraphCapture(runner=runner, graph_mem_usage=mem)
+
+
+def decode_runner_cls_hook(original: Callable, model_runner, *args, **kwargs):
+    """0.5.23, AROUND ``ModelRunner._decode_cuda_graph_runner_cls(self)``: the EAGLE topk=1 target
+    whose attention backend is the chain backend gets our runner class; otherwise upstream's."""
+    cls = original(model_runner, *args, **kwargs)
+    if uses_chain_backend(model_runner) and is_eagle_topk1_target(model_runner):
+        return _v0523().verify_runner_cls()
+    return cls
 
 
 def build_verify_input_hook(original: Callable, *args, **kwargs):
@@ -164,16 +252,20 @@ def internal_state_hook(result, *args, **kwargs):
 def cli_hooks() -> list[tuple[str, Callable, HookType]]:
     from sglang_verify_graph import cli
 
+    validate = ((f"{_SA}.resolve_once", cli.resolve_once_hook, HookType.AFTER) if API_0523
+                else (f"{_SA}.__post_init__", cli.post_init_hook, HookType.AFTER))
     return [
         (f"{_SA}.add_cli_args", cli.add_cli_args_hook, HookType.AFTER),
         (f"{_SA}.from_cli_args", cli.from_cli_args_hook, HookType.AROUND),
-        (f"{_SA}.__post_init__", cli.post_init_hook, HookType.AFTER),
+        validate,
     ]
 
 
 def runtime_hooks() -> list[tuple[str, Callable, HookType]]:
+    graph = ((DECODE_RUNNER_CLS, decode_runner_cls_hook, HookType.AROUND) if API_0523
+             else (CAPTURE_DECODE_GRAPH, capture_decode_graph_hook, HookType.AROUND))
     return [
-        (CAPTURE_DECODE_GRAPH, capture_decode_graph_hook, HookType.AROUND),
+        graph,
         (BUILD_VERIFY_INPUT, build_verify_input_hook, HookType.AROUND),
         (GET_INTERNAL_STATE, internal_state_hook, HookType.AFTER),
     ]

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from sglang_verify_graph import cli
+from sglang_verify_graph.sglang_adapter import API_0523
 from sglang_verify_graph.config import (
     ATTR_CONFIG,
     ATTR_ENABLE,
@@ -64,7 +65,10 @@ def test_help_text_names_requirements(real_parser):
 
 
 def test_yaml_config_file_can_set_the_flag(real_parser, tmp_path):
-    from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+    try:  # sglang 0.5.16
+        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+    except ImportError:  # sglang 0.5.23
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
     cli.add_cli_args_hook(None, real_parser)
     cfg = tmp_path / "serve.yaml"
@@ -117,6 +121,8 @@ def test_from_cli_args_prints_one_line_and_exits_2(server_args_cls, capsys):
                    "Fix: pass --speculative-eagle-topk 1.\n")
 
 
+@pytest.mark.skipif(API_0523, reason="sglang 0.5.23: from_cli_args returns an unresolved record; "
+                    "validation runs in resolve_once (test_resolve_once_hook_*)")
 def test_from_cli_args_validates_even_without_post_init_hook(server_args_cls, make_args,
                                                               capsys):
     bad = make_args(speculative_eagle_topk=2, **{ATTR_ENABLE: False})
@@ -166,3 +172,49 @@ def test_post_init_hook_skips_unresolved_placeholders(make_args, monkeypatch, pa
     args = make_args(model_path=path, speculative_algorithm=None)
     cli.post_init_hook(None, args)  # __post_init__ returned early: nothing to validate
     assert not hasattr(args, ATTR_CONFIG)
+
+
+# ---- sglang 0.5.23: validation in resolve_once ------------------------------------------------
+only_0523 = pytest.mark.skipif(not API_0523, reason="sglang 0.5.16 validates in __post_init__")
+
+
+@only_0523
+def test_from_cli_args_marks_record_instead_of_validating(server_args_cls, make_args):
+    bad = make_args(speculative_eagle_topk=2, **{ATTR_ENABLE: False})
+    result = cli.from_cli_args_hook(lambda cls, args: bad, server_args_cls,
+                                    argparse.Namespace(enable_verify_cuda_graph=True))
+    assert result is bad
+    assert getattr(bad, ATTR_ENABLE) is True and getattr(bad, cli.ATTR_FROM_CLI) is True
+    assert not hasattr(bad, ATTR_CONFIG)  # nothing validated yet: the record is unresolved
+
+
+@only_0523
+def test_from_cli_args_leaves_record_unmarked_when_off(server_args_cls, make_args):
+    record = make_args(**{ATTR_ENABLE: False})
+    cli.from_cli_args_hook(lambda cls, args: record, server_args_cls,
+                           argparse.Namespace(enable_verify_cuda_graph=False))
+    assert not hasattr(record, cli.ATTR_FROM_CLI)
+
+
+@only_0523
+def test_resolve_once_hook_cli_record_prints_one_line_and_exits_2(make_args, capsys):
+    bad = make_args(speculative_eagle_topk=2, **{cli.ATTR_FROM_CLI: True})
+    with pytest.raises(SystemExit) as info:
+        cli.resolve_once_hook(None, bad)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {FLAG}: ") and "--speculative-eagle-topk" in err
+
+
+@only_0523
+def test_resolve_once_hook_engine_record_raises(make_args):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        cli.resolve_once_hook(None, make_args(speculative_eagle_topk=2))
+    assert info.value.flag == "--speculative-eagle-topk"
+
+
+@only_0523
+def test_resolve_once_hook_stores_config(make_args):
+    args = make_args()
+    assert cli.resolve_once_hook(None, args) is None
+    assert getattr(args, ATTR_CONFIG).num_draft_tokens == 4

@@ -17,6 +17,7 @@ import textwrap
 
 import pytest
 
+from sglang_verify_graph.sglang_adapter import API_0523, resolved
 from sglang_verify_graph.config import (
     ATTR_ENABLE,
     ENV_ENABLE,
@@ -44,7 +45,10 @@ def real_args(tiny_model_dirs, restore_environ):
             speculative_num_draft_tokens=4, attention_backend="triton",
         )
         kwargs.update(overrides)
-        return ServerArgs(**kwargs)
+        server_args = ServerArgs(**kwargs)
+        if API_0523:  # 0.5.23 resolves in resolve_once(), and its fields keep the raw input
+            server_args.resolve_once()
+        return resolved(server_args)
 
     return make
 
@@ -55,7 +59,10 @@ def test_duck_typed_fields_exist_on_real_server_args(make_args):
     from sglang.srt.server_args import ServerArgs
 
     # make_args() is the duck-typed stand-in used by the other validation tests.
-    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    if dataclasses.is_dataclass(ServerArgs):  # 0.5.16
+        names = {f.name for f in dataclasses.fields(ServerArgs)}
+    else:  # 0.5.23: msgspec Struct
+        names = set(ServerArgs.__struct_fields__)
     ours = {k for k in vars(make_args()) if not k.startswith("_")}
     assert ours <= names, sorted(ours - names)
 
@@ -120,6 +127,8 @@ _DRIVER = textwrap.dedent("""
     else:
         from sglang.srt.server_args import ServerArgs
         sa = ServerArgs(**json.loads(argv[0]))
+    if hasattr(sa, "resolve_once"):  # sglang 0.5.23: what launch_server / Engine call next
+        sa.resolve_once()
     clone = pickle.loads(pickle.dumps(sa))
     cfg = getattr(clone, "_verify_cuda_graph_config", None)
     print("RESULT " + json.dumps({

@@ -41,6 +41,7 @@ def _runner(capture_bs=(1, 2, 4, 8), width=3, mlp_sync=False):
     r.capture_hidden_mode = CaptureHiddenMode.FULL
     r.capture_forward_mode = ForwardMode.TARGET_VERIFY
     r.model_runner = SimpleNamespace(spec_algorithm=_Algo())
+    r.record_nolora_graph = False  # sglang 0.5.23: lora/nolora graph variants off
     r.counters = C.VerifyCounters()
     return r
 
@@ -61,7 +62,8 @@ def _batch(bs, width=3, seed=0, global_tokens=None, dp_ok=True):
         out_cache_loc=torch.randint(1, 1 << 20, (bs * width,), generator=g),
         input_ids=torch.randint(0, 32000, (bs * width,), generator=g),
         original_global_num_tokens_cpu=global_tokens,
-        can_run_dp_cuda_graph=dp_ok,
+        can_run_dp_cuda_graph=dp_ok,  # sglang 0.5.16 name
+        can_run_decode_cuda_graph=dp_ok,  # sglang 0.5.23 name
         encoder_lens=None,
         can_run_tbo=True,
     )
