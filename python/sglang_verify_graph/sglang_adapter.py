@@ -27,6 +27,7 @@ Hook points (see docs/design.md):
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Any, Callable
 
@@ -42,7 +43,7 @@ SUPPORTED_VERSIONS = ("0.5.16", "0.5.23")
 def _version_tuple(text: str) -> tuple:
     parts = []
     for piece in str(text).split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = re.match(r"\d*", piece).group()
         parts.append(int(digits) if digits else 0)
     return tuple(parts + [0] * (3 - len(parts)))
 
