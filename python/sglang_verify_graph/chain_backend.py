@@ -76,6 +76,8 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
         layer0 = getattr(pool, "start_layer", 0) or 0
         k_buf = pool.get_key_buffer(layer0)
         v_buf = pool.get_value_buffer(layer0)
+        if k_buf.dim() != 3 or v_buf.dim() != 3:
+            problems.append("a page-major KV layout (drop --enable-page-major-kv-layout)")
         if k_buf.dtype != model_runner.model_config.dtype:
             problems.append(f"KV cache dtype {k_buf.dtype} (needs the model dtype; drop --kv-cache-dtype)")
         if problems:
@@ -163,7 +165,10 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
             ("attention sinks", sinks is not None), ("score_mod", score_mod is not None),
             ("sliding window", layer.sliding_window_size is not None and layer.sliding_window_size > -1),
             ("cross attention", layer.is_cross_attention),
-            ("fp8 KV scales", layer.k_scale is not None),
+            # FP8 checkpoints give every layer k_scale = v_scale = 1.0 even with a bf16 KV cache
+            # (SGLang's Fp8KVCacheMethod); unit scales change nothing, other values would.
+            ("non-unit KV scales", layer.k_scale is not None
+             and (layer.k_scale_float != 1.0 or layer.v_scale_float != 1.0)),
             ("xai temperature", (layer.xai_temperature_len or -1) > 0),
         ) if bad]
         if unsupported or k is None or v is None:

@@ -15,6 +15,7 @@ logger = logging.getLogger("sglang_verify_graph")
 
 # Fallback reasons (the first refusing condition of DecodeCudaGraphRunner.can_run_graph, 0.5.16).
 REASON_BS_ABOVE_MAX = "batch_size_above_max_captured"
+REASON_BS_NOT_CAPTURED = "batch_size_not_captured_without_padding"
 REASON_REPLACE_EMBEDS = "replace_embeds"
 REASON_WIDTH = "tokens_per_request_mismatch"
 REASON_DP_SYNC = "dp_attention_batch_not_graphable"

@@ -81,6 +81,9 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
             return C.REASON_WIDTH, f"{width} != {self.captured_req_width}"
         bs = (max(forward_batch.original_global_num_tokens_cpu) if self.require_mlp_tp_gather
               else forward_batch.batch_size)
+        if self.disable_padding and bs not in self.capture_bs:
+            return C.REASON_BS_NOT_CAPTURED, (f"bs={bs} not in capture_bs with "
+                                              "--disable-cuda-graph-padding")
         if bs > self.max_bs:
             return C.REASON_BS_ABOVE_MAX, (f"bs={bs} > max captured {self.max_bs}; raise "
                                            "--cuda-graph-max-bs-decode or lower --max-running-requests")

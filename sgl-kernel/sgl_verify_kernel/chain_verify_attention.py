@@ -247,6 +247,13 @@ def chain_verify_attention_fwd(
     if q.shape[0] != t or q.shape[1] != h or q.shape[2] != dk or o.shape[0] != t:
         raise ValueError(f"chain verify: q {tuple(q.shape)} / o {tuple(o.shape)} do not match "
                          f"bs={bs} x num_draft_tokens={shape.num_draft_tokens}, H={h}, Dk={dk}")
+    if h % shape.num_kv_heads or k_buffer.shape[1] != shape.num_kv_heads:
+        raise ValueError(f"chain verify: {h} query heads are not a multiple of "
+                         f"{shape.num_kv_heads} KV heads (k_buffer {tuple(k_buffer.shape)})")
+    bad = [n for n, x in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("o", o))
+           if x.stride(-1) != 1]
+    if bad:
+        raise ValueError(f"chain verify: {', '.join(bad)} need a unit last-dim stride")
     n_out, n_lse = workspace_numel(shape, bs, num_kv_splits)
     if att_out_flat.numel() < n_out or att_lse_flat.numel() < n_lse:
         raise ValueError("chain verify: workspace too small for this batch")
