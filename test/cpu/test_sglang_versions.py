@@ -237,7 +237,7 @@ def test_decode_graph_runner_surface():
     assert _missing(cls, [
         "capture_forward_mode", "captured_req_width", "capture_bs", "max_bs", "buffers",
         "raw_num_token", "bs", "raw_bs", "require_mlp_tp_gather", "require_mlp_sync",
-        "enable_two_batch_overlap", "capture_hidden_mode", "model_runner", "can_run_graph",
+        "enable_two_batch_overlap", "capture_hidden_mode", "model_runner", "can_run_graph", "disable_padding",
         "load_batch", "execute", "get_spec_info", "_pad_to_bucket",
     ]) == []
     assert list(inspect.signature(cls.load_batch).parameters)[:3] == ["self", "forward_batch", "pp_proxy_tensors"]
@@ -286,7 +286,7 @@ def test_model_runner_and_layer_surface():
     assert _missing(RadixAttention, [
         "layer_id", "tp_q_head_num", "qk_head_dim", "v_head_dim", "scaling", "logit_cap",
         "logit_capping_method", "sliding_window_size", "is_cross_attention", "k_scale",
-        "xai_temperature_len"]) == []
+        "xai_temperature_len", "k_scale_float", "v_scale_float"]) == []
 
 
 def test_speculative_and_scheduler_surface():
