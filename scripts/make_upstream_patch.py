@@ -370,7 +370,7 @@ def file_diff(path: str, old: str | None, new: str) -> str:
 def write_patch(out: Path, number: int, subject: str, body: str, diffs: list[str]) -> Path:
     slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:52]
     path = out / f"{number:04d}-{slug}.patch"
-    text = (f"From 0000000000000000000000000000000000000000 {DATE}\nFrom: {AUTHOR}\nDate: {DATE}\n"
+    text = (f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: {AUTHOR}\nDate: {DATE}\n"
             f"Subject: [PATCH {number:d}/{TOTAL}] {subject}\n\n{body.strip()}\n---\n" + "".join(diffs) + "-- \n2.43.0\n\n")
     path.write_text(text)
     return path
