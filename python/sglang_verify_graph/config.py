@@ -356,6 +356,27 @@ def _check_parallel(sa: Any) -> None:
             raise VerifyGraphConfigError(f"does not support {what} yet", flag, value, fix)
 
 
+_KV_DTYPES_SERVED = ("auto", "bfloat16", "bf16", "float16", "fp16", "half")
+
+
+def _check_kv_cache(sa: Any) -> None:
+    """Settings the chain verify attention cannot serve, caught at launch (not in the scheduler)."""
+    kv = str(getattr(sa, "kv_cache_dtype", "auto") or "auto")
+    det = getattr(sa, "enable_deterministic_inference", False)
+    page_major = getattr(sa, "enable_page_major_kv_layout", False)
+    checks = (
+        ("--kv-cache-dtype", kv not in _KV_DTYPES_SERVED, kv, "a quantized KV cache",
+         "use --kv-cache-dtype auto"),
+        ("--enable-deterministic-inference", bool(det), det, "deterministic inference",
+         "remove --enable-deterministic-inference"),
+        ("--enable-page-major-kv-layout", bool(page_major), page_major, "the page-major KV layout",
+         "remove --enable-page-major-kv-layout"),
+    )
+    for flag, bad, value, what, fix in checks:
+        if bad:
+            raise VerifyGraphConfigError(f"does not support {what} yet", flag, value, fix)
+
+
 def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optional[VerifyGraphConfig]:
     """Validate the (resolved) server args and build the verify-graph settings.
 
@@ -387,6 +408,7 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
     attention = _check_attention(server_args)
     graph_backend = _check_cuda_graph(server_args)
     _check_parallel(server_args)
+    _check_kv_cache(server_args)
 
     cfg = getattr(server_args, "cuda_graph_config", None)
     decode = getattr(cfg, "decode", None)

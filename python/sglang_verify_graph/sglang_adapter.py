@@ -169,6 +169,23 @@ def uses_chain_backend(model_runner) -> bool:
     return isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend)
 
 
+def refuse_if_flag_lost(model_runner) -> None:
+    """Raise instead of silently capturing upstream's runner when the flag is on for this EAGLE
+    topk=1 target but its attention backend is not (or no longer) the chain backend, e.g. SGLang
+    wrapped it for a hybrid linear-attention / sparse model. Raises VerifyGraphConfigError."""
+    if model_runner is None or not is_eagle_topk1_target(model_runner):
+        return
+    if _config_for(model_runner) is None:
+        return
+    from sglang_verify_graph.config import VerifyGraphConfigError
+
+    raise VerifyGraphConfigError(
+        problem="the target's attention backend is not the chain verify backend "
+                "(this model needs an attention wrapper the verify graph does not support)",
+        flag="attention backend", value=type(getattr(model_runner, "attn_backend", None)).__name__,
+        fix="remove --enable-verify-cuda-graph for this model")
+
+
 def capture_verify_runner(model_runner, build: Callable):
     """Capture our runner with ``build(model_runner, cfg, counters)``, fill the capture counters
     (time, GPU memory) and log one line; an OOM becomes one actionable RuntimeError. Returns
@@ -204,6 +221,7 @@ def capture_decode_graph_hook(original: Callable, *args, **kwargs):
     the EAGLE topk=1 target whose attention backend is the chain backend; otherwise upstream."""
     model_runner = kwargs.get("model_runner", args[0] if args else None)
     if not uses_chain_backend(model_runner):
+        refuse_if_flag_lost(model_runner)
         return original(*args, **kwargs)
     from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import DecodeGraphCapture
 
@@ -219,6 +237,7 @@ def decode_runner_cls_hook(original: Callable, model_runner, *args, **kwargs):
     cls = original(model_runner, *args, **kwargs)
     if uses_chain_backend(model_runner) and is_eagle_topk1_target(model_runner):
         return _v0523().verify_runner_cls()
+    refuse_if_flag_lost(model_runner)
     return cls
 
 
@@ -287,6 +306,20 @@ def _is_applied(target: str, hook: Callable) -> bool:
     return False
 
 
+def _apply_registered_hooks_now() -> None:
+    """Apply every hook registered so far, then hand the registry back empty for the rest of
+    ``load_plugins()``. ``apply_hooks`` skips targets it has patched, so leaving them marked
+    would silently drop hooks that plugins loaded after us register on the same targets (e.g.
+    their own ``ServerArgs.add_cli_args`` flag); forgetting the applied entries lets those be
+    applied later, on top of the already-wrapped attributes, in registration order."""
+    HookRegistry.apply_hooks()
+    hooks, patched = getattr(HookRegistry, "_hooks", None), getattr(HookRegistry, "_patched", None)
+    if isinstance(hooks, dict) and isinstance(patched, set):
+        for target in list(patched):
+            hooks.pop(target, None)
+        patched.clear()
+
+
 def register(runtime: bool) -> list[str]:
     """Register the CLI hooks (and the runtime ones when ``runtime``), apply them now and return
     the targets that did NOT take effect (empty when all is well). SGLang swallows plugin errors,
@@ -294,7 +327,7 @@ def register(runtime: bool) -> list[str]:
     hooks = cli_hooks() + (runtime_hooks() if runtime else [])
     for target, hook, kind in hooks:
         HookRegistry.register(target, hook, kind)
-    HookRegistry.apply_hooks()  # idempotent: SGLang's load_plugins() skips patched targets
+    _apply_registered_hooks_now()
     missing = []
     for target, hook, _ in hooks:
         try:

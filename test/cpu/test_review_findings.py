@@ -114,9 +114,6 @@ def real_server_args(tiny_model_dirs, restore_environ):
 
 
 @only_0516  # 0.5.23 itself rejects --enable-page-major-kv-layout without unified memory
-@pytest.mark.xfail(strict=True, reason="F2: --enable-page-major-kv-layout passes the launch-time "
-                   "validation; only ChainVerifyTritonBackend.__init__ (scheduler, after model load) "
-                   "refuses the 4-D K/V views")
 def test_page_major_kv_layout_is_rejected_at_launch(real_server_args):
     """0.5.16 ``PageMajorMHATokenToKVPool`` hands out 4-D strided views
     ``(num_pages, page_size, heads, dim)`` (memory_pool.py) and the flag *requires* the Triton
@@ -154,8 +151,6 @@ _LATER_PLUGIN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason="F3: register() applies hooks mid-load; HookRegistry then "
-                   "skips (_patched) every target we touched, so later plugins' hooks are lost")
 def test_register_keeps_hooks_of_plugins_loaded_after_us():
     """``load_plugins()`` runs every plugin's ``register`` and calls ``HookRegistry.apply_hooks()``
     once at the end; ``apply_hooks`` skips targets already in ``_patched``. Our ``register`` calls
@@ -197,8 +192,6 @@ def test_uncaptured_bs_without_padding_is_not_called_hidden_mode_mismatch():
 
 
 # ---- F5: settings known at launch that only the scheduler refuses --------------------------------
-@pytest.mark.xfail(strict=True, reason="F5: kv-cache dtype / deterministic inference are validated "
-                   "only in ChainVerifyTritonBackend.__init__ (scheduler, after model load)")
 @pytest.mark.parametrize("overrides", [dict(kv_cache_dtype="fp8_e4m3"),
                                        dict(enable_deterministic_inference=True)],
                          ids=["kv-fp8", "deterministic"])
@@ -211,8 +204,6 @@ def test_backend_only_conflicts_fail_at_launch(real_server_args, overrides):
 
 
 # ---- F6: silent fallback when SGLang wraps the chain backend -------------------------------------
-@pytest.mark.xfail(strict=True, reason="F6: capture_decode_graph_hook only recognises an unwrapped "
-                   "ChainVerifyTritonBackend and otherwise silently captures upstream's runner")
 def test_wrapped_chain_backend_does_not_silently_fall_back():
     """``attn_backend_wrapper`` (attention_registry.py) wraps the backend our triton factory built
     for hybrid linear-attention / sparse models (e.g. ``HybridLinearAttnBackend(full_attn_backend=
