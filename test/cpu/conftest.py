@@ -96,3 +96,28 @@ def restore_environ():
 def make_args():
     """Factory fixture: ``make_args(**overrides)`` -> :func:`resolved_args` namespace."""
     return resolved_args
+
+
+@pytest.fixture
+def real_args(tiny_model_dirs, restore_environ):
+    """``real_args(**overrides)`` -> a resolved ServerArgs for EAGLE3 topk 1, triton, on CPU."""
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_verify_graph.sglang_adapter import API_0523, resolved
+
+    target, draft = tiny_model_dirs
+
+    def make(**overrides):
+        kwargs = dict(
+            model_path=target, device="cpu", skip_tokenizer_init=True,
+            speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+            speculative_num_steps=3, speculative_eagle_topk=1,
+            speculative_num_draft_tokens=4, attention_backend="triton",
+        )
+        kwargs.update(overrides)
+        server_args = ServerArgs(**kwargs)
+        if API_0523:  # 0.5.23 resolves in resolve_once(), and its fields keep the raw input
+            server_args.resolve_once()
+        return resolved(server_args)
+
+    return make

@@ -91,30 +91,10 @@ def test_fp8_checkpoint_layer_with_unit_kv_scale_is_served(monkeypatch):
 
 
 # ---- F2: page-major KV layout --------------------------------------------------------------------
-@pytest.fixture
-def real_server_args(tiny_model_dirs, restore_environ):
-    from sglang.srt.server_args import ServerArgs
-
-    target, draft = tiny_model_dirs
-
-    def make(**overrides):
-        kwargs = dict(
-            model_path=target, device="cpu", skip_tokenizer_init=True,
-            speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-            speculative_num_steps=3, speculative_eagle_topk=1,
-            speculative_num_draft_tokens=4, attention_backend="triton",
-        )
-        kwargs.update(overrides)
-        server_args = ServerArgs(**kwargs)
-        if API_0523:  # 0.5.23 resolves in resolve_once(); read the resolved view
-            server_args.resolve_once()
-        return resolved(server_args)
-
-    return make
 
 
 @only_0516  # 0.5.23 itself rejects --enable-page-major-kv-layout without unified memory
-def test_page_major_kv_layout_is_rejected_at_launch(real_server_args):
+def test_page_major_kv_layout_is_rejected_at_launch(real_args):
     """0.5.16 ``PageMajorMHATokenToKVPool`` hands out 4-D strided views
     ``(num_pages, page_size, heads, dim)`` (memory_pool.py) and the flag *requires* the Triton
     backend, so it passes every check. ``ChainVerifyTritonBackend.__init__`` then takes
@@ -122,7 +102,7 @@ def test_page_major_kv_layout_is_rejected_at_launch(real_server_args):
     ``loc * stride(0)`` (a page stride): wrong keys or an illegal memory access. Since 6b108df the
     backend refuses 4-D views, but only in the scheduler after the model has loaded; the README
     promises one line at launch for a conflicting setting."""
-    sa = real_server_args(enable_page_major_kv_layout=True, page_size=16)
+    sa = real_args(enable_page_major_kv_layout=True, page_size=16)
     assert sa.enable_page_major_kv_layout  # SGLang accepts it with triton
     with pytest.raises(VerifyGraphConfigError):
         build_config(sa, ON)
@@ -195,12 +175,12 @@ def test_uncaptured_bs_without_padding_is_not_called_hidden_mode_mismatch():
 @pytest.mark.parametrize("overrides", [dict(kv_cache_dtype="fp8_e4m3"),
                                        dict(enable_deterministic_inference=True)],
                          ids=["kv-fp8", "deterministic"])
-def test_backend_only_conflicts_fail_at_launch(real_server_args, overrides):
+def test_backend_only_conflicts_fail_at_launch(real_args, overrides):
     """README: "a conflicting setting stops the launch with one line naming the flag and the fix".
     Both settings are on the resolved ServerArgs, yet ``build_config`` accepts them and the launch
     dies later in the scheduler with a traceback."""
     with pytest.raises(VerifyGraphConfigError):
-        build_config(real_server_args(**overrides), ON)
+        build_config(real_args(**overrides), ON)
 
 
 # ---- F6: silent fallback when SGLang wraps the chain backend -------------------------------------
