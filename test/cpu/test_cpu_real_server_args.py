@@ -10,16 +10,13 @@ subprocess tests go through sglang's real plugin loading (``load_plugins()`` -> 
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from sglang_verify_graph.sglang_adapter import API_0523, resolved
 from sglang_verify_graph.config import (
-    ATTR_ENABLE,
     ENV_ENABLE,
     FLAG,
     EnvSettings,

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from sglang_verify_graph.config import EnvSettings, VerifyGraphConfigError, build_config
-from sglang_verify_graph.sglang_adapter import API_0523, resolved
+from sglang_verify_graph.sglang_adapter import API_0523
 
 ROOT = Path(__file__).resolve().parents[2]
 ON = EnvSettings(enable=True)
