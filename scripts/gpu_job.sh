@@ -11,9 +11,9 @@
 #   e2e    python3 -m pytest -x -q -m server test/e2e       (3 servers, llama-small, one at a time)
 #   bench  python3 benchmark/bench_verify.py ... $BENCH_ARGS (llama-8b; ours, upstream, plain engines)
 # Each stage runs in its own process group with its own timeout (leftovers killed after it).
-# Stage times (ESTIMATES from the shared recipe, not yet measured; a cold kernel cache adds ~60 s to
-# the first SGLang start): setup 15-25 s; gpu ~60-150 s (kernel cases + one selftest server);
-# e2e ~150-200 s (3 server starts at ~35 s + 16x128-token parity x3 + concurrency); bench ~180-240 s
+# Stage times measured on the H200 2026-11-29 with a warm kernel cache (a cold one adds ~60 s to the
+# first SGLang start): setup 5-15 s; gpu ~150-190 s (kernel cases 45 s + one selftest server);
+# e2e 219 s (3 server starts at ~55-60 s + 16x128-token parity x3 + concurrency); bench ~210 s
 # (3 engine starts + 4 phases each); packing ~15-30 s. All three rarely fit in one 10-minute call:
 # a stage never runs past TOTAL_S - RESERVE_S (the bench then keeps the modes it finished); for a
 # full bench run STAGES=bench alone (~4 min), e.g. after STAGES="gpu e2e".
