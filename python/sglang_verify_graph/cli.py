@@ -35,6 +35,7 @@ from .config import (
     ATTR_CONFIG,
     ATTR_ENABLE,
     ENV_ENABLE,
+    ENV_PROFILE_EVERY,
     FLAG,
     UNRESOLVED_MODEL_PATHS,
     VerifyGraphConfig,
@@ -48,6 +49,33 @@ DEST = "enable_verify_cuda_graph"
 ATTR_FROM_CLI = "_verify_cuda_graph_from_cli"
 """0.5.23: underscore attribute marking a record built by ``from_cli_args`` while the feature was
 requested, so the later validation (``resolve_once``) ends the launcher with one line."""
+
+
+PROFILE_FLAG = "--verify-graph-profile-every"
+"""Per-phase profile of EAGLE cycles: cycles between log lines (0 / absent = off)."""
+
+PROFILE_DEST = "verify_graph_profile_every"
+"""``argparse`` destination of :data:`PROFILE_FLAG`."""
+
+PROFILE_HELP = (
+    "Per-phase profile of EAGLE decode cycles (draft, target verify, draft-extend, other), "
+    "timed with CUDA events read back without synchronizing: every N cycles each scheduler "
+    "rank logs one 'verify_graph_profile ...' line (readable by python -m "
+    "sglang_verify_graph.advisor --from-log) and, with --enable-metrics, exports "
+    "sglang_verify_graph_* Prometheus metrics. 0 (default) = off. Works with or without "
+    f"{FLAG}. Python API: set {ENV_PROFILE_EVERY}=N before sglang.Engine(...)."
+)
+
+
+def profile_every_value(text: str) -> int:
+    """argparse ``type=`` of :data:`PROFILE_FLAG`: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
 
 
 def _adapter():
@@ -69,8 +97,9 @@ def add_cli_args_hook(result: Any, parser: argparse.ArgumentParser) -> None:
     """AFTER hook on the staticmethod ``ServerArgs.add_cli_args(parser)``.
 
     Adds ``--enable-verify-cuda-graph`` (``store_true``, dest
-    :data:`DEST`) to ``parser``. Idempotent: does nothing if the parser already
-    has the option.
+    :data:`DEST`) and ``--verify-graph-profile-every N`` (int >= 0, dest
+    :data:`PROFILE_DEST`) to ``parser``. Idempotent: an option the parser already
+    has is not added again.
 
     Args:
         result: the original's return value (``None``), ignored.
@@ -79,9 +108,12 @@ def add_cli_args_hook(result: Any, parser: argparse.ArgumentParser) -> None:
     Returns:
         ``None`` (keeps the original's result).
     """
-    if FLAG in getattr(parser, "_option_string_actions", {}):
-        return None
-    parser.add_argument(FLAG, dest=DEST, action="store_true", default=False, help=HELP)
+    actions = getattr(parser, "_option_string_actions", {})
+    if FLAG not in actions:
+        parser.add_argument(FLAG, dest=DEST, action="store_true", default=False, help=HELP)
+    if PROFILE_FLAG not in actions:
+        parser.add_argument(PROFILE_FLAG, dest=PROFILE_DEST, type=profile_every_value,
+                            default=0, metavar="N", help=PROFILE_HELP)
     return None
 
 
@@ -91,7 +123,8 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
     When ``args.enable_verify_cuda_graph`` is set, exports
     ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` into ``os.environ`` *before* building
     the ``ServerArgs`` (so :func:`post_init_hook` validates it and the spawned
-    scheduler processes inherit it), then builds it with ``original(cls, args)``
+    scheduler processes inherit it), likewise ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY=N``
+    for ``--verify-graph-profile-every N`` (N > 0), then builds it with ``original(cls, args)``
     and sets the attribute ``_enable_verify_cuda_graph`` on the result.
 
     Args:
@@ -112,9 +145,13 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
             escapes (no traceback).
     """
     requested = bool(getattr(args, DEST, False))
+    profile_every = getattr(args, PROFILE_DEST, 0) or 0
     try:
         if requested:
             os.environ[ENV_ENABLE] = "1"
+        if profile_every:
+            # Like the flag: the scheduler processes inherit the variable (config.read_env).
+            os.environ[ENV_PROFILE_EVERY] = str(int(profile_every))
         server_args = original(cls, args)
         if requested:
             setattr(server_args, ATTR_ENABLE, True)

@@ -37,6 +37,10 @@ ENV_NUM_KV_SPLITS = "SGLANG_VERIFY_GRAPH_NUM_KV_SPLITS"
 ENV_LOG_EVERY = "SGLANG_VERIFY_GRAPH_LOG_EVERY"
 """Non-negative int: verify steps between counter log lines (0 = never log)."""
 
+ENV_PROFILE_EVERY = "SGLANG_VERIFY_GRAPH_PROFILE_EVERY"
+"""Non-negative int: EAGLE cycles between per-phase profile log lines (0 = profile off).
+Independent of :data:`ENV_ENABLE` (upstream's verify path can be profiled too)."""
+
 ENV_SELFTEST = "SGLANG_VERIFY_GRAPH_SELFTEST"
 """Boolean: run the in-server graph-vs-eager self-test on every replay (GPU tests only; slow)."""
 
@@ -101,12 +105,16 @@ class EnvSettings:
             ``None`` to let the runner choose.
         log_every: :data:`ENV_LOG_EVERY` (verify steps between counter log lines;
             0 = off).
+        selftest: :data:`ENV_SELFTEST` is set to a true value.
+        profile_every: :data:`ENV_PROFILE_EVERY` (EAGLE cycles between per-phase profile log
+            lines; 0 = profile off).
     """
 
     enable: bool = False
     num_kv_splits: Optional[int] = None
     log_every: int = 0
     selftest: bool = False
+    profile_every: int = 0
 
 
 def _parse_bool(environ: Mapping[str, str], name: str) -> bool:
@@ -152,7 +160,8 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
     Raises:
         VerifyGraphConfigError: a variable is malformed (non-boolean
             :data:`ENV_ENABLE`, non-integer or out-of-range
-            :data:`ENV_NUM_KV_SPLITS` (< 1) or :data:`ENV_LOG_EVERY` (< 0)).
+            :data:`ENV_NUM_KV_SPLITS` (< 1), :data:`ENV_LOG_EVERY` or
+            :data:`ENV_PROFILE_EVERY` (< 0)).
             These variables belong to this plugin, so a typo fails loudly even
             while the flag is off.
     """
@@ -163,6 +172,7 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
         num_kv_splits=_parse_int(environ, ENV_NUM_KV_SPLITS, 1, None),
         log_every=_parse_int(environ, ENV_LOG_EVERY, 0, 0),
         selftest=_parse_bool(environ, ENV_SELFTEST),
+        profile_every=_parse_int(environ, ENV_PROFILE_EVERY, 0, 0),
     )
 
 

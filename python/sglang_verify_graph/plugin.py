@@ -18,24 +18,28 @@ logger = logging.getLogger("sglang_verify_graph")
 
 
 def register() -> None:
-    """Register and verify the plugin's hooks. Raises SystemExit(1) when the flag is requested
-    (command line or environment) but a hook did not take effect."""
+    """Register and verify the plugin's hooks (the per-phase profile hooks where
+    ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0). Raises SystemExit(1) when the flag or the profile
+    is requested (command line or environment) but a hook did not take effect."""
     from sglang_verify_graph import sglang_adapter
     from sglang_verify_graph.config import FLAG, VerifyGraphConfigError, read_env
 
     try:
-        enabled_here = read_env().enable
+        env = read_env()
+        enabled_here = env.enable
     except VerifyGraphConfigError as e:  # a malformed SGLANG_VERIFY_GRAPH_* variable
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    missing = sglang_adapter.register(runtime=enabled_here)
+    profile_here = env.profile_every > 0
+    missing = sglang_adapter.register(runtime=enabled_here, profile=profile_here)
     if not missing:
-        logger.info("sglang_verify_graph: hooks installed (runtime=%s)", enabled_here)
+        logger.info("sglang_verify_graph: hooks installed (runtime=%s, profile=%s)",
+                    enabled_here, profile_here)
         return
     msg = (f"error: {FLAG}: the plugin could not hook into this SGLang version "
            f"(sglang {sglang_adapter.SGLANG_VERSION}; supported: "
            f"{', '.join(sglang_adapter.SUPPORTED_VERSIONS)}); not applied: {'; '.join(missing)}")
-    if enabled_here or sglang_adapter.argv_requests_flag(FLAG):
+    if enabled_here or profile_here or sglang_adapter.argv_requests_flag(FLAG):
         print(msg, file=sys.stderr, flush=True)
         raise SystemExit(1)
     logger.error(msg)

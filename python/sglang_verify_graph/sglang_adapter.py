@@ -22,6 +22,12 @@ Hook points (see docs/design.md):
     ``eagle_worker_common.build_eagle_verify_input`` AROUND: topk=1 chains build the tiny
       QLEN_ONLY tree mask instead of the full ``ndt * (seq_len + ndt)`` mask + memset;
     ``Scheduler.get_internal_state`` AFTER: counters under ``"verify_cuda_graph"``.
+  Profile (processes where ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0, with or without the flag),
+    AROUND hooks with the same names in 0.5.16 and 0.5.23 (extra 0.5.23 arguments pass through):
+    ``EAGLEWorkerV2.forward_batch_generation`` (the cycle; decode batches only: prefill/extend and
+    idle batches are not profiled), ``EagleDraftWorker.draft`` (draft),
+    ``EAGLEWorkerV2.verify`` (target verify), ``EagleDraftWorker._draft_extend_for_decode``
+    (draft-extend). See ``profile.py``.
 """
 
 from __future__ import annotations
@@ -66,6 +72,11 @@ CAPTURE_DECODE_GRAPH = "sglang.srt.model_executor.model_runner_components.cuda_g
 DECODE_RUNNER_CLS = "sglang.srt.model_executor.model_runner.ModelRunner._decode_cuda_graph_runner_cls"
 BUILD_VERIFY_INPUT = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
 GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+_EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2"
+CYCLE = f"{_EAGLE_V2}.EAGLEWorkerV2.forward_batch_generation"
+DRAFT = f"{_EAGLE_V2}.EagleDraftWorker.draft"
+VERIFY = f"{_EAGLE_V2}.EAGLEWorkerV2.verify"
+DRAFT_EXTEND = f"{_EAGLE_V2}.EagleDraftWorker._draft_extend_for_decode"
 
 
 def _v0523():
@@ -268,6 +279,115 @@ def internal_state_hook(result, *args, **kwargs):
     return result
 
 
+# ---- per-phase profile hooks (profile.py) -------------------------------------------------
+_PROFILER = None  # this process's PhaseProfiler, made at the first profiled decode cycle
+
+
+def _batch_arg(args, kwargs):
+    return kwargs.get("batch", args[0] if args else None)
+
+
+def _is_decode_cycle(batch) -> bool:
+    """A decode (verify) cycle with requests: not prefill/extend, not mixed, not idle."""
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None or mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
+        return False
+    return not mode.is_idle()
+
+
+def _rank_of(worker) -> int:
+    ps = getattr(worker, "ps", None)
+    rank = getattr(ps, "tp_rank", None)
+    if rank is None:
+        rank = getattr(worker, "tp_rank", 0)
+    return int(rank or 0)
+
+
+def profiler_for(worker):
+    """The process's PhaseProfiler (made on first use from the worker's settings)."""
+    global _PROFILER
+    if _PROFILER is None:
+        from sglang_verify_graph import profile
+        from sglang_verify_graph.config import read_env
+        from sglang_verify_graph.counters import get_counters
+
+        every = read_env().profile_every
+        sa = getattr(worker, "server_args", None)
+        metrics = None
+        if sa is not None and getattr(resolved(sa), "enable_metrics", False):
+            metrics = profile.prometheus_metrics()
+        _PROFILER = profile.PhaseProfiler(
+            max(1, every), rank=_rank_of(worker), event_factory=profile.default_event_factory(),
+            counters=get_counters, metrics=metrics)
+        logger.info("verify_graph_profile: profiling EAGLE cycles, one line every %d cycles "
+                    "(rank %d, metrics=%s)", every, _PROFILER.rank, metrics is not None)
+    return _PROFILER
+
+
+def host_accept_lens(result) -> Callable[[], Any]:
+    """Reader of a cycle's per-request accept lengths that never synchronizes: SGLang copies
+    ``result.accept_lens`` to the host (``copy_to_cpu``, pinned, non-blocking) and records
+    ``result.copy_done``; the reader returns ``None`` until that tensor is a host tensor whose
+    copy event has completed (``query()``), then its list."""
+
+    def read():
+        lens = getattr(result, "accept_lens", None)
+        if lens is None:
+            return ()
+        if getattr(lens, "is_cuda", False) or not getattr(lens, "is_cpu", True):
+            return None  # not copied to the host yet
+        done = getattr(result, "copy_done", None)
+        if done is not None and not done.query():
+            return None
+        return lens.tolist()
+
+    return read
+
+
+def profile_cycle_hook(original: Callable, worker, *args, **kwargs):
+    """AROUND ``EAGLEWorkerV2.forward_batch_generation``: one profiled cycle per decode batch."""
+    if not _is_decode_cycle(_batch_arg(args, kwargs)):
+        return original(worker, *args, **kwargs)
+    prof = profiler_for(worker)
+    prof.cycle_begin(num_steps=getattr(worker, "speculative_num_steps", None))
+    try:
+        result = original(worker, *args, **kwargs)
+    except BaseException:
+        prof.cycle_abort()
+        raise
+    prof.cycle_end(host_accept_lens(result))
+    return result
+
+
+def _phase_hook(phase: str) -> Callable:
+    def hook(original: Callable, *args, **kwargs):
+        prof = _PROFILER
+        if prof is None or not prof.in_cycle:
+            return original(*args, **kwargs)
+        prof.begin(phase)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            prof.end(phase)
+
+    hook.__name__ = hook.__qualname__ = f"profile_{phase}_hook"
+    return hook
+
+
+profile_draft_hook = _phase_hook("draft")
+profile_verify_hook = _phase_hook("verify")
+profile_draft_extend_hook = _phase_hook("draft_extend")
+
+
+def profile_hooks() -> list[tuple[str, Callable, HookType]]:
+    return [
+        (CYCLE, profile_cycle_hook, HookType.AROUND),
+        (DRAFT, profile_draft_hook, HookType.AROUND),
+        (VERIFY, profile_verify_hook, HookType.AROUND),
+        (DRAFT_EXTEND, profile_draft_extend_hook, HookType.AROUND),
+    ]
+
+
 # ---- registration --------------------------------------------------------------------------
 def cli_hooks() -> list[tuple[str, Callable, HookType]]:
     from sglang_verify_graph import cli
@@ -320,11 +440,12 @@ def _apply_registered_hooks_now() -> None:
         patched.clear()
 
 
-def register(runtime: bool) -> list[str]:
-    """Register the CLI hooks (and the runtime ones when ``runtime``), apply them now and return
-    the targets that did NOT take effect (empty when all is well). SGLang swallows plugin errors,
-    so the caller must act on a non-empty answer."""
-    hooks = cli_hooks() + (runtime_hooks() if runtime else [])
+def register(runtime: bool, profile: bool = False) -> list[str]:
+    """Register the CLI hooks (and the runtime ones when ``runtime``, the profile ones when
+    ``profile``), apply them now and return the targets that did NOT take effect (empty when all
+    is well). SGLang swallows plugin errors, so the caller must act on a non-empty answer."""
+    hooks = (cli_hooks() + (runtime_hooks() if runtime else [])
+             + (profile_hooks() if profile else []))
     for target, hook, kind in hooks:
         HookRegistry.register(target, hook, kind)
     _apply_registered_hooks_now()
