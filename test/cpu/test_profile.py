@@ -387,3 +387,17 @@ def test_cycle_aborted_when_forward_raises(monkeypatch):
     with pytest.raises(RuntimeError):
         adapter.profile_cycle_hook(boom, worker, batch)
     assert not adapter._PROFILER.in_cycle and not adapter._PROFILER.pending
+
+
+def test_profile_line_drives_the_advisor_cli(tmp_path):
+    prof, gpu, lines = make(every=3)
+    for verify in (5.0, 6.0, 7.0):
+        run_cycle(prof, gpu, verify=verify, lens=(2, 3))
+    log = tmp_path / "profile.log"
+    log.write_text("[2026-11-29 12:00:00 TP0] " + lines[0] + "\n")
+    proc = subprocess.run([sys.executable, "-m", "sglang_verify_graph.advisor", "--from-log",
+                           str(log), "--decode-ms", "6"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "num_steps 3" in proc.stdout
+    assert "verify 6.000" in proc.stdout and "accept_length  2.500" in proc.stdout
