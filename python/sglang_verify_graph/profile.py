@@ -150,7 +150,15 @@ class PhaseProfiler:
         return event
 
     def cycle_begin(self, num_steps: Optional[int] = None) -> None:
-        """Start a cycle (an unfinished previous one is discarded)."""
+        """Start a cycle (an unfinished previous one is discarded). Lets the readers of pending
+        cycles ``settle()`` (drop references they no longer need)."""
+        for cycle in self.pending:
+            settle = getattr(cycle.tokens_reader, "settle", None)
+            if settle is not None:
+                try:
+                    settle()
+                except Exception:
+                    cycle.tokens_reader = None
         self._cur = _Cycle(self._record(), self.clock(), num_steps)
 
     def begin(self, phase: str) -> None:

@@ -324,24 +324,46 @@ def profiler_for(worker):
     return _PROFILER
 
 
-def host_accept_lens(result) -> Callable[[], Any]:
-    """Reader of a cycle's per-request accept lengths that never synchronizes: SGLang copies
-    ``result.accept_lens`` to the host (``copy_to_cpu``, pinned, non-blocking) and records
-    ``result.copy_done``; the reader returns ``None`` until that tensor is a host tensor whose
-    copy event has completed (``query()``), then its list."""
+class HostAcceptLens:
+    """Reader of a cycle's per-request accept lengths that never synchronizes.
 
-    def read():
+    SGLang copies ``result.accept_lens`` to the host right after the forward returns
+    (``GenerationBatchResult.copy_to_cpu``: pinned, non-blocking, then ``copy_done.record()``).
+    :meth:`settle` (called by the profiler at the next cycle's start, and by every read) swaps
+    the reference to the whole result (logits and all) for that host tensor and its
+    ``copy_done`` once the swap happened, so pending cycles keep no device tensors alive.
+    Calling it returns ``None`` while the tensor is on the device or ``copy_done.query()`` is
+    false, else the list of accept lengths (``()`` when the result has none)."""
+
+    __slots__ = ("_result", "_lens", "_done")
+
+    def __init__(self, result):
+        self._result, self._lens, self._done = result, None, None
+
+    def settle(self) -> None:
+        result = self._result
+        if result is None:
+            return
         lens = getattr(result, "accept_lens", None)
-        if lens is None:
-            return ()
-        if getattr(lens, "is_cuda", False) or not getattr(lens, "is_cpu", True):
-            return None  # not copied to the host yet
-        done = getattr(result, "copy_done", None)
-        if done is not None and not done.query():
-            return None
-        return lens.tolist()
+        if lens is not None and (getattr(lens, "is_cuda", False)
+                                 or not getattr(lens, "is_cpu", True)):
+            return  # not copied to the host yet
+        self._lens, self._done, self._result = lens, getattr(result, "copy_done", None), None
 
-    return read
+    def __call__(self):
+        self.settle()
+        if self._result is not None:
+            return None
+        if self._lens is None:
+            return ()
+        if self._done is not None and not self._done.query():
+            return None
+        return self._lens.tolist()
+
+
+def host_accept_lens(result) -> HostAcceptLens:
+    """The :class:`HostAcceptLens` reader of ``result`` (a ``GenerationBatchResult``)."""
+    return HostAcceptLens(result)
 
 
 def profile_cycle_hook(original: Callable, worker, *args, **kwargs):

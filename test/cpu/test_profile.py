@@ -368,6 +368,33 @@ def test_host_accept_lens_waits_for_the_host_copy():
     assert adapter.host_accept_lens(SimpleNamespace(accept_lens=None))() == ()
 
 
+def test_reader_drops_the_result_once_copied():
+    import weakref
+
+    class Result:  # a GenerationBatchResult stand-in whose accept_lens is still on the device
+        pass
+
+    class DeviceTensor:
+        is_cuda = True
+
+    result = Result()
+    result.accept_lens, result.copy_done = DeviceTensor(), None
+    prof, gpu, lines = make(every=1, auto=False)
+    prof.cycle_begin(num_steps=3)
+    prof.cycle_end(adapter.host_accept_lens(result))
+    ref = weakref.ref(result)
+    result.accept_lens, result.copy_done = torch.tensor([1, 3]), CopyDone(False)  # copy_to_cpu
+    del result
+    prof.cycle_begin(num_steps=3)  # settles the pending reader: the result is let go
+    assert ref() is None
+    gpu.complete()
+    prof.drain()
+    assert lines == []  # copy_done not complete yet
+    prof.pending[0].tokens_reader._done.done = True
+    prof.drain()
+    assert fields(lines[0])["tokens"] == "4"
+
+
 def test_phase_hooks_pass_through_outside_a_cycle():
     calls = []
     assert adapter.profile_verify_hook(lambda *a, **k: calls.append((a, k)) or "r", 1, x=2) == "r"
@@ -401,3 +428,16 @@ def test_profile_line_drives_the_advisor_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "num_steps 3" in proc.stdout
     assert "verify 6.000" in proc.stdout and "accept_length  2.500" in proc.stdout
+
+
+@pytest.mark.parametrize("enable_metrics", [False, True])
+def test_metrics_only_with_enable_metrics(monkeypatch, enable_metrics):
+    monkeypatch.setenv(ENV_PROFILE_EVERY, "4")
+    sentinel = object()
+    monkeypatch.setattr(profile, "prometheus_metrics", lambda: sentinel)
+    profile.set_event_factory(FakeGPU().factory)
+    worker = SimpleNamespace(server_args=SimpleNamespace(enable_metrics=enable_metrics),
+                             ps=SimpleNamespace(tp_rank=0))
+    prof = adapter.profiler_for(worker)
+    assert prof.every == 4
+    assert prof.metrics is (sentinel if enable_metrics else None)
