@@ -441,3 +441,23 @@ def test_metrics_only_with_enable_metrics(monkeypatch, enable_metrics):
     prof = adapter.profiler_for(worker)
     assert prof.every == 4
     assert prof.metrics is (sentinel if enable_metrics else None)
+
+
+_REAL_CLI = r"""
+import argparse, os
+from sglang_verify_graph import plugin
+plugin.register()
+from sglang.srt.server_args import ServerArgs
+p = argparse.ArgumentParser()
+ServerArgs.add_cli_args(p)
+ServerArgs.from_cli_args(p.parse_args(["--model-path", "dummy", "--verify-graph-profile-every", "7"]))
+print("RESULT", os.environ.get("SGLANG_VERIFY_GRAPH_PROFILE_EVERY"))
+"""
+
+
+def test_real_cli_exports_profile_env():
+    env = {k: v for k, v in os.environ.items() if k != ENV_PROFILE_EVERY}
+    proc = subprocess.run([sys.executable, "-c", _REAL_CLI], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RESULT 7" in proc.stdout
