@@ -103,13 +103,15 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         return spec_info
 
     def load_batch(self, forward_batch, pp_proxy_tensors=None):
-        if self.selftest is not None and forward_batch.needs_forward_metadata_init():
-            self.selftest.poison(self)  # before the full fill (not the pre-planned re-entry)
+        full_fill = forward_batch.needs_forward_metadata_init()  # else: pre-planned re-entry
+        if self.selftest is not None and full_fill:
+            self.selftest.poison(self)
         super().load_batch(forward_batch, pp_proxy_tensors)
         # SGLang resets the padded tail of positions / out_cache_loc / req_pool_indices /
-        # seq_lens but leaves stale input_ids there (FOREACH_COPY); neutralise it on purpose.
+        # seq_lens but leaves stale input_ids there (FOREACH_COPY); neutralise it on purpose,
+        # once per batch (the re-entry copies only input_ids[:raw_num_token]).
         n, padded = self.raw_num_token, self.bs * self.captured_req_width
-        if padded > n:
+        if full_fill and padded > n:
             self.buffers.input_ids[n:padded].fill_(PAD_TOKEN_ID)
 
     def execute(self, forward_batch, pp_proxy_tensors=None):
