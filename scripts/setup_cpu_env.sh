@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Create (or update) the CPU test venvs of this repo, one per supported SGLang version (both
-# git-ignored): .venv (sglang 0.5.16) and .venv23 (sglang 0.5.23). Each gets torch 2.14.1 +
+# git-ignored): .venv (sglang 0.5.16) and .venv23 (sglang 0.5.23). .venv gets torch 2.14.1 +
 # torchvision 0.29.1, sglang with --no-deps and the pinned small dependencies of
-# scripts/cpu_requirements.txt (the same set serves both versions), then this project in editable
-# mode. No GPU needed. Used by .ci/run and by README.md ("Run the tests").
+# scripts/cpu_requirements.txt, then this project in editable mode. .venv23 is layered on .venv:
+# a `_verify_graph_base.pth` file puts .venv's site-packages after its own, so it holds only
+# sglang 0.5.23 (--no-deps) and this project, and torch (~6 GB with its CUDA libraries) is
+# installed once, not twice (the same dependency set serves both versions). pip runs with
+# --no-cache-dir: nothing is downloaded twice, so a cache would only take disk (a CI run once died
+# with "No space left on device"). No GPU needed. Used by .ci/run and by README.md.
 #
 # Usage: bash scripts/setup_cpu_env.sh
 # Env:   SGLANG_VERSION  one of 0.5.16, 0.5.23, or "all" (default: all = both venvs)
 #        PYTHON          interpreter for the venvs (default: python3; must be 3.10+, CI uses 3.11)
 #        VENV            venv directory; only with a single SGLANG_VERSION
 #                        (default: <repo>/.venv for 0.5.16, <repo>/.venv23 for 0.5.23)
+#        BASE_VENV       venv whose site-packages .venv23 layers on (default: <repo>/.venv, built
+#                        first when missing); BASE_VENV=none gives .venv23 its own full install
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -30,30 +36,56 @@ venv_for() {  # the default venv of an SGLang version
   esac
 }
 
-setup_one() {  # setup_one <sglang version> <venv dir>
-  local version=$1 venv=$2
-  if [ ! -x "$venv/bin/python" ]; then
-    echo "[setup $version] creating $venv with $("$PYTHON" --version 2>&1)"
-    "$PYTHON" -m venv "$venv"
-  fi
-  local pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-  echo "[setup $version] torch, torchvision and pinned CPU dependencies"
-  "${pip[@]}" install -q torch==2.14.1 torchvision==0.29.1 -r scripts/cpu_requirements.txt
-  echo "[setup $version] sglang $version (--no-deps)"
-  "${pip[@]}" install -q --no-deps "sglang==$version"
-  echo "[setup $version] this project (editable, --no-deps --no-build-isolation)"
-  "${pip[@]}" install -q --no-deps --no-build-isolation -e .
+site_packages() {  # site_packages <venv>: its purelib directory
+  "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+}
 
-  # The plugin must be discoverable the way sglang discovers it, next to the right sglang.
-  EXPECT="$version" "$venv/bin/python" - <<'PY'
+check_one() {  # check_one <sglang version> <venv>: the plugin is visible next to the right sglang
+  EXPECT="$1" "$2/bin/python" - <<'PY'
 import os
 from importlib.metadata import entry_points, version
 eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "verify_cuda_graph"]
 assert eps, "entry point sglang.srt.plugins:verify_cuda_graph is not visible"
 assert version("sglang") == os.environ["EXPECT"], (version("sglang"), os.environ["EXPECT"])
-print(f"[setup {version('sglang')}] ok: sglang {version('sglang')}, torch {version('torch')}, "
-      f"entry point {eps[0].value}")
+import sglang
+assert sglang.__version__ == os.environ["EXPECT"], (sglang.__file__, sglang.__version__)
+print(f"[setup {version('sglang')}] ok: sglang {version('sglang')} ({os.path.dirname(sglang.__file__)}), "
+      f"torch {version('torch')}, entry point {eps[0].value}")
 PY
+}
+
+setup_one() {  # setup_one <sglang version> <venv dir> [base venv to layer on]
+  local version=$1 venv=$2 base=${3:-}
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "[setup $version] creating $venv with $("$PYTHON" --version 2>&1)"
+    "$PYTHON" -m venv "$venv"
+  fi
+  local pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-cache-dir)
+  if [ -n "$base" ]; then
+    echo "[setup $version] layered on $base (torch and the pinned dependencies come from there)"
+    site_packages "$base" > "$(site_packages "$venv")/_verify_graph_base.pth"
+  else
+    echo "[setup $version] torch, torchvision and pinned CPU dependencies"
+    "${pip[@]}" install -q torch==2.14.1 torchvision==0.29.1 -r scripts/cpu_requirements.txt
+  fi
+  echo "[setup $version] sglang $version (--no-deps)"
+  # Layered: pip sees the base's sglang and leaves it alone ("outside environment").
+  "${pip[@]}" install -q --no-deps "sglang==$version"
+  echo "[setup $version] this project (editable, --no-deps --no-build-isolation)"
+  "${pip[@]}" install -q --no-deps --no-build-isolation -e .
+  check_one "$version" "$venv"
+}
+
+setup_0523() {  # setup_0523 <venv>: layered on BASE_VENV unless BASE_VENV=none
+  local base=${BASE_VENV:-$ROOT/.venv}
+  if [ "$base" = none ]; then
+    setup_one 0.5.23 "$1"
+    return
+  fi
+  if ! { [ -x "$base/bin/python" ] && "$base/bin/python" -c "import torch" 2>/dev/null; }; then
+    setup_one 0.5.16 "$base"
+  fi
+  setup_one 0.5.23 "$1" "$base"
 }
 
 if [ "$SGLANG_VERSION" = all ]; then
@@ -61,9 +93,11 @@ if [ "$SGLANG_VERSION" = all ]; then
     echo "setup_cpu_env.sh: VENV needs a single SGLANG_VERSION (0.5.16 or 0.5.23)" >&2
     exit 2
   fi
-  for v in 0.5.16 0.5.23; do
-    setup_one "$v" "$(venv_for "$v")"
-  done
+  setup_one 0.5.16 "$(venv_for 0.5.16)"
+  setup_0523 "$(venv_for 0.5.23)"
+elif [ "$SGLANG_VERSION" = 0.5.23 ]; then
+  venv_for 0.5.23 > /dev/null
+  setup_0523 "${VENV:-$(venv_for 0.5.23)}"
 else
   setup_one "$SGLANG_VERSION" "${VENV:-$(venv_for "$SGLANG_VERSION")}"
 fi
