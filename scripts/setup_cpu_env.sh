@@ -58,7 +58,9 @@ setup_one() {  # setup_one <sglang version> <venv dir> [base venv to layer on]
   local version=$1 venv=$2 base=${3:-}
   if [ ! -x "$venv/bin/python" ]; then
     echo "[setup $version] creating $venv with $("$PYTHON" --version 2>&1)"
-    "$PYTHON" -m venv "$venv"
+    # Layered: no pip/setuptools of its own (the venv's bundled setuptools would shadow the
+    # base's, which the editable build below needs); pip and setuptools come from the base.
+    "$PYTHON" -m venv ${base:+--without-pip} "$venv"
   fi
   local pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-cache-dir)
   if [ -n "$base" ]; then

@@ -41,6 +41,7 @@ from .config import (
     VerifyGraphConfig,
     VerifyGraphConfigError,
     build_config,
+    read_env,
 )
 
 DEST = "enable_verify_cuda_graph"
@@ -142,11 +143,18 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
     Raises:
         SystemExit: code 2 after printing one line ``error: <message>`` to
             stderr when a :class:`~sglang_verify_graph.config.VerifyGraphConfigError`
-            escapes (no traceback).
+            escapes (no traceback), including the flag given while
+            ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH`` is set to an explicit false value (``0``, ``false``,
+            ``no``, ``off``): two sources that disagree, so neither silently wins.
     """
     requested = bool(getattr(args, DEST, False))
     profile_every = getattr(args, PROFILE_DEST, 0) or 0
     try:
+        if requested and read_env().enable_set_off:
+            raise VerifyGraphConfigError(
+                f"is given on the command line (or config file) while the environment turns it "
+                f"off", ENV_ENABLE, os.environ.get(ENV_ENABLE, ""),
+                f"unset {ENV_ENABLE} or remove {FLAG}")
         if requested:
             os.environ[ENV_ENABLE] = "1"
         if profile_every:
@@ -219,3 +227,79 @@ def resolve_once_hook(result: Any, server_args: Any) -> None:
             raise SystemExit(2) from None
         raise
     return None
+
+
+CONFIG_KEYS = (FLAG[2:], DEST)
+"""Spellings of the flag as a key of an SGLang ``--config`` YAML file."""
+
+
+def config_file_path(cli_args: list) -> Optional[str]:
+    """The path after ``--config`` in ``cli_args`` (a list of str), or ``None``."""
+    if "--config" in cli_args:
+        i = cli_args.index("--config")
+        if i + 1 < len(cli_args):
+            return cli_args[i + 1]
+    return None
+
+
+def check_flag_sources(cli_args: list, config: Any, config_path: str = "config file") -> None:
+    """Refuse ``--enable-verify-cuda-graph`` given with conflicting values by a ``--config`` YAML
+    file and the command line.
+
+    SGLang's merger turns a YAML ``true`` of a ``store_true`` flag into the flag and silently
+    drops a ``false`` (its precedence is command line > config file); a string such as ``"true"``
+    becomes ``--enable-verify-cuda-graph true``, which argparse rejects with a usage error that
+    names no fix. So a config file that says ``false`` while the command line says the flag, or a
+    value that is not a YAML boolean, stops the launch instead.
+
+    Args:
+        cli_args: the command-line arguments (list of str) before SGLang merged the file in.
+        config: the parsed YAML document (a mapping; anything else is left to SGLang).
+        config_path: the file's path, for the message.
+
+    Raises:
+        VerifyGraphConfigError: the key holds a non-boolean, or ``false`` while ``cli_args``
+            contains the flag.
+    """
+    if not isinstance(config, dict):
+        return
+    for key in CONFIG_KEYS:
+        if key not in config:
+            continue
+        value = config[key]
+        where = f"{key} in {config_path}"
+        if not isinstance(value, bool):
+            raise VerifyGraphConfigError(
+                "a config file must give the flag as a YAML boolean", where, repr(value),
+                f"write '{FLAG[2:]}: true' (or false) in {config_path}")
+        if not value and FLAG in cli_args:
+            raise VerifyGraphConfigError(
+                "is given on the command line but set to false in the config file", where,
+                value, f"remove {FLAG} from the command line or set '{FLAG[2:]}: true' in "
+                f"{config_path}")
+
+
+def merge_config_hook(original: Callable[..., Any], merger: Any, cli_args: list) -> Any:
+    """AROUND hook on ``ConfigArgumentMerger.merge_config_with_args(self, cli_args)`` (SGLang's
+    ``--config`` YAML support): after SGLang merged (and validated) the file, run
+    :func:`check_flag_sources` on it.
+
+    Returns:
+        The merged argument list (list of str), unchanged.
+
+    Raises:
+        SystemExit: code 2 after one line ``error: <message>`` on stderr on a conflict.
+    """
+    merged = original(merger, cli_args)
+    path = config_file_path(list(cli_args))
+    if path is not None:
+        import yaml  # an SGLang dependency; the original has just parsed this file with it
+
+        with open(path) as f:
+            config = yaml.safe_load(f)
+        try:
+            check_flag_sources(list(cli_args), config, path)
+        except VerifyGraphConfigError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+    return merged

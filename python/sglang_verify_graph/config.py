@@ -60,7 +60,8 @@ SUPPORTED_SPECULATIVE_ALGORITHMS: Tuple[str, ...] = ("EAGLE3", "EAGLE")
 UNRESOLVED_MODEL_PATHS: Tuple[str, ...] = ("none", "dummy")
 
 _TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
+_EXPLICIT_FALSE = ("0", "false", "no", "off")
+_FALSE = ("",) + _EXPLICIT_FALSE
 
 
 class VerifyGraphConfigError(ValueError):
@@ -108,6 +109,9 @@ class EnvSettings:
         selftest: :data:`ENV_SELFTEST` is set to a true value.
         profile_every: :data:`ENV_PROFILE_EVERY` (EAGLE cycles between per-phase profile log
             lines; 0 = profile off).
+        enable_set_off: :data:`ENV_ENABLE` is set to an explicit false value (``0``/``false``/
+            ``no``/``off``), not merely unset or empty: together with the command-line flag that is
+            a conflict (``cli.from_cli_args_hook`` refuses it).
     """
 
     enable: bool = False
@@ -115,6 +119,7 @@ class EnvSettings:
     log_every: int = 0
     selftest: bool = False
     profile_every: int = 0
+    enable_set_off: bool = False
 
 
 def _parse_bool(environ: Mapping[str, str], name: str) -> bool:
@@ -173,6 +178,7 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
         log_every=_parse_int(environ, ENV_LOG_EVERY, 0, 0),
         selftest=_parse_bool(environ, ENV_SELFTEST),
         profile_every=_parse_int(environ, ENV_PROFILE_EVERY, 0, 0),
+        enable_set_off=environ.get(ENV_ENABLE, "").strip().lower() in _EXPLICIT_FALSE,
     )
 
 

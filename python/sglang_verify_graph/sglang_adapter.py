@@ -9,7 +9,9 @@ functions so the HTTP main process (which loads plugins before parsing arguments
 
 Hook points (see docs/design.md):
   CLI (every process): ``ServerArgs.add_cli_args`` AFTER (adds the flag),
-    ``ServerArgs.from_cli_args`` AROUND (records it, one-line errors), and the validation point
+    ``ServerArgs.from_cli_args`` AROUND (records it, one-line errors),
+    ``ConfigArgumentMerger.merge_config_with_args`` AROUND (``--config`` YAML vs command line
+    conflicts on the flag), and the validation point
     that runs for both the CLI and ``sglang.Engine``: 0.5.16 ``ServerArgs.__post_init__`` AFTER;
     0.5.23 ``ServerArgs.resolve_once`` AFTER (0.5.23's ``__post_init__`` resolves nothing).
   Runtime (processes where the flag is on, i.e. schedulers):
@@ -72,6 +74,8 @@ CAPTURE_DECODE_GRAPH = "sglang.srt.model_executor.model_runner_components.cuda_g
 DECODE_RUNNER_CLS = "sglang.srt.model_executor.model_runner.ModelRunner._decode_cuda_graph_runner_cls"
 BUILD_VERIFY_INPUT = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
 GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+CONFIG_MERGER = ("sglang.srt.utils.server_args_config_parser" if API_0523
+                 else "sglang.srt.server_args_config_parser") + ".ConfigArgumentMerger.merge_config_with_args"
 _EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2"
 CYCLE = f"{_EAGLE_V2}.EAGLEWorkerV2.forward_batch_generation"
 DRAFT = f"{_EAGLE_V2}.EagleDraftWorker.draft"
@@ -420,6 +424,7 @@ def cli_hooks() -> list[tuple[str, Callable, HookType]]:
         (f"{_SA}.add_cli_args", cli.add_cli_args_hook, HookType.AFTER),
         (f"{_SA}.from_cli_args", cli.from_cli_args_hook, HookType.AROUND),
         validate,
+        (CONFIG_MERGER, cli.merge_config_hook, HookType.AROUND),
     ]
 
 
