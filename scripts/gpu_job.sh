@@ -8,7 +8,10 @@
 # minimal .dist-info in /tmp/site + python/ and sgl-kernel/ on PYTHONPATH), make the dummy models
 # (scripts/make_models.py /tmp/models), print versions + nvidia-smi, then run STAGES in order:
 #   gpu    python3 -m pytest -x -q -m gpu test/gpu          (the lead's kernel/runner tests)
-#   e2e    python3 -m pytest -x -q -m server test/e2e       (3 servers, llama-small, one at a time)
+#   e2e    python3 -m pytest -x -q -m server test/e2e/test_server_e2e.py  (3 servers, llama-small)
+#   accept test/e2e/test_accept_length_e2e.py (constructed pair: ours/upstream/eager accept lengths;
+#          ACCEPT_STEPS="1 2 3 5" adds num_steps 1/2/5 on ours; 3-6 server starts)
+#   reliab test/e2e/test_reliability_e2e.py (padding/NaN guard, KV accounting, feature mix, sampling)
 #   bench  python3 benchmark/bench_verify.py ... $BENCH_ARGS (llama-8b; ours, upstream, plain engines)
 # Each stage runs in its own process group with its own timeout (leftovers killed after it).
 # Stage times measured on the H200 2026-11-29 with a warm kernel cache (a cold one adds ~60 s to the
@@ -19,7 +22,8 @@
 # full bench run STAGES=bench alone (~4 min), e.g. after STAGES="gpu e2e".
 # Env (all optional):
 #   STAGES       default "gpu e2e bench"
-#   GPU_TMO / E2E_TMO / BENCH_TMO   per-stage limits in s (default 180 / 240 / 270)
+#   GPU_TMO / E2E_TMO / ACCEPT_TMO / RELIAB_TMO / BENCH_TMO   per-stage limits in s
+#                (default 180 / 240 / 300 / 300 / 270)
 #   TOTAL_S      whole-job budget in s (default 550); RESERVE_S kept for packing (default 40)
 #   BENCH_ARGS   extra bench_verify.py args; shrink with "--quick", "--contexts 1024",
 #                "--batch-sizes 1", "--new-tokens 32", "--modes ours,upstream"; BENCH_MODE_TMO (150)
@@ -99,6 +103,9 @@ else
   plugin_ok >> "$LOGS/install.txt" && say "install: fallback ok" || say "install: FALLBACK FAILED (see logs/install.txt)"
 fi
 python3 scripts/make_models.py "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "make_models FAILED: $(tail -3 "$LOGS/make_models.txt")"
+case " $STAGES " in *" accept "*|*" reliab "*)  # the constructed-agreement pair (real weights, ~100 MB)
+  python3 scripts/accept_pair.py "$MODELS" >> "$LOGS/make_models.txt" 2>&1 || say "accept_pair FAILED: $(tail -3 "$LOGS/make_models.txt")" ;;
+esac
 say "== setup done in $(el)s; CUDA_HOME=${CUDA_HOME:-none}; $(nvcc --version 2>/dev/null | tail -1)"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>/dev/null | head -2 | tr '\n' ' ')"
 say "cpu: $(nproc) x$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
@@ -136,16 +143,20 @@ for st in $STAGES; do
         run_stage gpu "${GPU_TMO:-180}" python3 -m pytest -x -q -rs -m gpu test/gpu -p no:cacheprovider $COLLECT ${GPU_ARGS:-}
       else RC[gpu]=absent; ORDER="$ORDER gpu"; say "== stage gpu: SKIPPED (no test/gpu/test_*.py)"; fi ;;
     e2e)
-      run_stage e2e "${E2E_TMO:-240}" python3 -m pytest -x -q -rs -m server test/e2e -p no:cacheprovider $COLLECT ${E2E_ARGS:-} ;;
+      run_stage e2e "${E2E_TMO:-240}" python3 -m pytest -x -q -rs -m server test/e2e/test_server_e2e.py -p no:cacheprovider $COLLECT ${E2E_ARGS:-} ;;
+    accept)
+      run_stage accept "${ACCEPT_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_accept_length_e2e.py -p no:cacheprovider $COLLECT ;;
+    reliab)
+      run_stage reliab "${RELIAB_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_reliability_e2e.py -p no:cacheprovider $COLLECT ${RELIAB_ARGS:-} ;;
     bench)
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
-    *) say "unknown stage '$st' (gpu, e2e, bench)" ;;
+    *) say "unknown stage '$st' (gpu, e2e, accept, reliab, bench)" ;;
   esac
 done
 
 # ---------------------------------------------------------------- results
-for st in gpu e2e; do
+for st in gpu e2e accept reliab; do
   [ -f "$LOGS/$st.log" ] || continue
   say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
@@ -166,6 +177,7 @@ if s: print("-- ours counters", {k: s.get(k) for k in ("runner", "capture_bs", "
 EOF
 )"
 fi
+for f in accept_results.json reliab_results.json; do [ -f "$LOGS/e2e/$f" ] && cp "$LOGS/e2e/$f" "$OUT/"; done
 if [ -f "$LOGS/bench.log" ]; then
   grep -E '^BENCH mode ' "$LOGS/bench.log" | cut -c1-300 | while read -r l; do say "$l"; done
   grep -E '^RESULT ' "$LOGS/bench.log" | tail -20 | cut -c1-400 >> "$SUMMARY"

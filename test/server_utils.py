@@ -43,3 +43,25 @@ def stop_server(proc) -> None:
     from sglang.srt.utils import kill_process_tree
 
     kill_process_tree(proc.pid)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def generate(base_url: str, body: dict, timeout: float = 300) -> dict:
+    """POST ``body`` to ``/generate``; returns the JSON answer. Raises AssertionError on non-200."""
+    r = requests.post(f"{base_url}/generate", json=body, timeout=timeout)
+    assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:500]}"
+    return r.json()
+
+
+def plugin_state(base_url: str, rank: int = 0):
+    """``/get_server_info`` ``internal_states[rank]["verify_cuda_graph"]`` (None without the flag)."""
+    st = requests.get(f"{base_url}/get_server_info", timeout=30).json()["internal_states"]
+    return st[rank].get("verify_cuda_graph")
