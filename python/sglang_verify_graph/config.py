@@ -44,6 +44,11 @@ Independent of :data:`ENV_ENABLE` (upstream's verify path can be profiled too)."
 ENV_SELFTEST = "SGLANG_VERIFY_GRAPH_SELFTEST"
 """Boolean: run the in-server graph-vs-eager self-test on every replay (GPU tests only; slow)."""
 
+ENV_SELFTEST_NAN = "SGLANG_VERIFY_GRAPH_SELFTEST_NAN"
+"""Boolean, with :data:`ENV_SELFTEST` only: during each replay of our graph the embedding row of
+the padding token holds NaN, so every padded row carries NaN through every layer; the self-test
+then checks that real rows stay finite and equal to eager (GPU tests only)."""
+
 ATTR_ENABLE = "_enable_verify_cuda_graph"
 """Underscore attribute set to ``True`` on an enabled ``ServerArgs`` object."""
 
@@ -107,6 +112,7 @@ class EnvSettings:
         log_every: :data:`ENV_LOG_EVERY` (verify steps between counter log lines;
             0 = off).
         selftest: :data:`ENV_SELFTEST` is set to a true value.
+        selftest_nan: :data:`ENV_SELFTEST_NAN` is set to a true value.
         profile_every: :data:`ENV_PROFILE_EVERY` (EAGLE cycles between per-phase profile log
             lines; 0 = profile off).
         enable_set_off: :data:`ENV_ENABLE` is set to an explicit false value (``0``/``false``/
@@ -120,6 +126,7 @@ class EnvSettings:
     selftest: bool = False
     profile_every: int = 0
     enable_set_off: bool = False
+    selftest_nan: bool = False
 
 
 def _parse_bool(environ: Mapping[str, str], name: str) -> bool:
@@ -179,6 +186,7 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
         selftest=_parse_bool(environ, ENV_SELFTEST),
         profile_every=_parse_int(environ, ENV_PROFILE_EVERY, 0, 0),
         enable_set_off=environ.get(ENV_ENABLE, "").strip().lower() in _EXPLICIT_FALSE,
+        selftest_nan=_parse_bool(environ, ENV_SELFTEST_NAN),
     )
 
 
@@ -225,6 +233,9 @@ class VerifyGraphConfig:
         cuda_graph_bs: resolved captured batch sizes (requests), or ``None``.
         disable_cuda_graph_padding: replay only exactly captured batch sizes.
         tp_size: tensor-parallel size.
+        selftest: run the in-server graph-vs-eager self-test (``SGLANG_VERIFY_GRAPH_SELFTEST``).
+        selftest_nan: with ``selftest``, NaN in every padded row during replays
+            (``SGLANG_VERIFY_GRAPH_SELFTEST_NAN``).
     """
 
     num_steps: int
@@ -242,6 +253,7 @@ class VerifyGraphConfig:
     disable_cuda_graph_padding: bool = False
     tp_size: int = 1
     selftest: bool = False
+    selftest_nan: bool = False
 
 
 def _check_algorithm(sa: Any) -> str:
@@ -445,6 +457,7 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         disable_cuda_graph_padding=bool(getattr(server_args, "disable_cuda_graph_padding", False)),
         tp_size=int(getattr(server_args, "tp_size", 1) or 1),
         selftest=env.selftest,
+        selftest_nan=env.selftest and env.selftest_nan,
     )
 
 

@@ -62,7 +62,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         counters.capture_seconds = time.perf_counter() - t0
         counters.attention = f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})"
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
-        self.selftest = GraphSelfTest(self) if cfg.selftest else None
+        self.selftest = GraphSelfTest(self, inject_nan=cfg.selftest_nan) if cfg.selftest else None
 
     # ---- policy ---------------------------------------------------------------------------
     def can_run_graph(self, forward_batch) -> bool:
@@ -113,6 +113,8 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         n, padded = self.raw_num_token, self.bs * self.captured_req_width
         if full_fill and padded > n:
             self.buffers.input_ids[n:padded].fill_(PAD_TOKEN_ID)
+        if self.selftest is not None and full_fill:
+            self.selftest.inject_nan(self)
 
     def execute(self, forward_batch, pp_proxy_tensors=None):
         if not forward_batch.forward_mode.is_target_verify():
@@ -120,5 +122,6 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         out = super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
         self.counters.count_replay(self.bs, self.raw_bs)
         if self.selftest is not None:
+            self.selftest.restore_nan()
             self.selftest.compare(self, forward_batch, out)
         return out

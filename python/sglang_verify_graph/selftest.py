@@ -6,7 +6,12 @@
    illegal memory access, the failure mode of sgl-project/sglang#10892);
 2. after the replay, runs the same batch eagerly (same chain attention, SGLang's eager model
    forward) and compares the real rows' ``next_token_logits`` and EAGLE-3 aux hidden states;
-3. checks that the static buffers' device addresses never changed since capture.
+3. checks that the static buffers' device addresses never changed since capture;
+4. with ``SGLANG_VERIFY_GRAPH_SELFTEST_NAN=1``: from ``load_batch`` of a padded bucket until the
+   replay is enqueued (stream-ordered copies), the embedding row of the padding token (``PAD_TOKEN_ID``, the token of
+   every padded row) holds NaN, so every padded row carries NaN through every layer; real rows
+   must stay finite and equal to eager (``nonfinite_rows`` counts real rows with NaN/inf logits
+   or aux hidden states).
 
 Results accumulate in the counters (``/get_server_info`` -> ``verify_cuda_graph.selftest``).
 It synchronizes the stream (reads errors back): never enable it when measuring speed.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections import Counter
 
 import torch
@@ -26,21 +32,42 @@ POISON = 1 << 40  # far beyond any vocab, position, KV slot or page-table row
 _POISONED = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens")
 
 
+def worst(current: float, new: float) -> float:
+    """The larger error, NaN-aware (NaN wins: Python's ``max(0.0, nan)`` would drop it)."""
+    if math.isnan(current) or math.isnan(new):
+        return math.nan
+    return max(current, new)
+
+
 class GraphSelfTest:
-    def __init__(self, runner):
+    def __init__(self, runner, inject_nan: bool = False):
+        from sglang_verify_graph import sglang_adapter as sa
+        from sglang_verify_graph.buffers import PAD_TOKEN_ID
+
         self.addresses = {n: getattr(runner.buffers, n).data_ptr() for n in _POISONED}
         self.result = runner.counters.selftest
         self.result.update(checks=0, logits_max_rel_err=0.0, hidden_max_rel_err=0.0,
-                           argmax_mismatch=0, addresses_stable=True, bs_seen={}, raw_bs_seen={})
+                           argmax_mismatch=0, addresses_stable=True, bs_seen={}, raw_bs_seen={},
+                           nonfinite_rows=0, nan_injected_replays=0)
         self._bs = Counter()
         self._raw_bs = Counter()
+        self._nan_row = sa.local_embedding_row(runner.model_runner, PAD_TOKEN_ID) if inject_nan else None
+        self._saved_row = self._nan_row.clone() if self._nan_row is not None else None
+        self._nan_live = False
 
-    def poison(self, runner) -> None:
-        for name in _POISONED:
-            buf = getattr(runner.buffers, name)
-            if buf.data_ptr() != self.addresses[name]:
-                self.result["addresses_stable"] = False
-            buf.fill_(POISON)
+    def inject_nan(self, runner) -> None:
+        """After ``load_batch`` filled a padded bucket (``bs > raw_bs``): NaN into the padding
+        token's embedding row (stream-ordered, so the coming replay reads it)."""
+        if self._nan_row is not None and runner.bs > runner.raw_bs:
+            self._nan_row.fill_(float("nan"))
+            self._nan_live = True
+            self.result["nan_injected_replays"] += 1
+
+    def restore_nan(self) -> None:
+        """After the replay was enqueued: put the embedding row back (stream-ordered)."""
+        if self._nan_live:
+            self._nan_row.copy_(self._saved_row)
+            self._nan_live = False
 
     @staticmethod
     def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -64,10 +91,13 @@ class GraphSelfTest:
         r = self.result
         r["checks"] += 1
         r["rows"] = r.get("rows", 0) + logits.shape[0]
-        r["logits_max_rel_err"] = max(r["logits_max_rel_err"], self._rel(logits, ref.next_token_logits))
+        r["nonfinite_rows"] += int((~torch.isfinite(logits).all(-1)).sum().item())
+        if hidden is not None:
+            r["nonfinite_rows"] += int((~torch.isfinite(hidden).all(-1)).sum().item())
+        r["logits_max_rel_err"] = worst(r["logits_max_rel_err"], self._rel(logits, ref.next_token_logits))
         r["argmax_mismatch"] += int((logits.argmax(-1) != ref.next_token_logits.argmax(-1)).sum().item())
         if hidden is not None and ref.hidden_states is not None:
-            r["hidden_max_rel_err"] = max(r["hidden_max_rel_err"], self._rel(hidden, ref.hidden_states))
+            r["hidden_max_rel_err"] = worst(r["hidden_max_rel_err"], self._rel(hidden, ref.hidden_states))
         elif (hidden is None) != (ref.hidden_states is None):
             r["hidden_missing"] = r.get("hidden_missing", 0) + 1
         self._bs[runner.bs] += 1

@@ -145,6 +145,17 @@ def num_aux_hidden_states(model_runner) -> int:
     return len(ids) if ids else 3
 
 
+def local_embedding_row(model_runner, token_id: int):
+    """This rank's row of the target's input embedding for ``token_id`` (a ``[hidden]`` view of
+    the weight, model dtype), or ``None`` when another TP rank's vocab shard holds it."""
+    emb = model_runner.model.get_input_embeddings()
+    start = getattr(getattr(emb, "shard_indices", None), "org_vocab_start_index", 0)
+    local = token_id - start
+    if not 0 <= local < emb.weight.shape[0]:
+        return None
+    return emb.weight.data[local]
+
+
 def is_eagle_topk1_target(model_runner) -> bool:
     """The runner this project replaces: the target (not draft) of EAGLE/EAGLE-3 with topk 1."""
     algo = model_runner.spec_algorithm
