@@ -8,7 +8,12 @@
 Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory is freed between):
   plain     no speculation (target DECODE graph);
   upstream  EAGLE3, topk 1, ``--steps`` S draft steps, S+1 draft tokens (upstream TARGET_VERIFY graph);
-  ours      the same with env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` (the plugin's VerifyCudaGraphRunner).
+  ours      the same with env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` (the plugin's VerifyCudaGraphRunner);
+  ours_profile  ``ours`` with the per-phase profile on (``SGLANG_VERIFY_GRAPH_PROFILE_EVERY``
+            = ``--profile-every``, default 20): its e2e ms per step against ``ours`` is the
+            profile's overhead (column ``prof_ovh``), and its ``verify_graph_profile`` log lines
+            (parsed from the mode's log) give the phase-sum check: mean cycle time (device) vs
+            device span per cycle (``1000 * tokens / tok_s / cycles``, gaps included).
 
 What is measured: inside the scheduler process (this module is re-imported there by
 multiprocessing spawn as ``__mp_main__``) ``execute`` of every graph runner class
@@ -43,6 +48,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)  # verify_probe (also in the spawned scheduler process)
 PROBE_ENV = "BENCH_VERIFY_PROBE"
 PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
+PROFILE_ENV = "SGLANG_VERIFY_GRAPH_PROFILE_EVERY"
+MODES = ("plain", "upstream", "ours", "ours_profile")
 
 
 if __name__ == "__mp_main__" and os.environ.get(PROBE_ENV) == "1":  # scheduler process (spawn)
@@ -88,8 +95,11 @@ def run_child(a, res: dict) -> None:
     """Run one mode in one Engine; fills ``res`` as it goes (so a crash keeps the finished phases)."""
     os.environ[PROBE_ENV] = "1"
     os.environ.pop(PLUGIN_ENV, None)
-    if a.child == "ours":
+    os.environ.pop(PROFILE_ENV, None)
+    if a.child in ("ours", "ours_profile"):
         os.environ[PLUGIN_ENV] = "1"
+    if a.child == "ours_profile":
+        os.environ[PROFILE_ENV] = str(a.profile_every)
     kw = engine_kwargs(a, a.child)
     print("BENCH engine_kwargs " + json.dumps(kw), flush=True)
     import verify_probe
@@ -178,6 +188,9 @@ def build_rows(a, modes: dict) -> list:
                 r[f"{m}_e2e_ms_per_step"] = _g(modes, m, ctx, bs, "e2e")
                 r[f"{m}_verify_host_ms"] = _g(modes, m, ctx, bs, "target_verify", "host_ms")
             r["plain_e2e_ms_per_step"] = _g(modes, "plain", ctx, bs, "e2e")
+            r["ours_profile_e2e_ms_per_step"] = _g(modes, "ours_profile", ctx, bs, "e2e")
+            ovh = div(r["ours_profile_e2e_ms_per_step"], r["ours_e2e_ms_per_step"])
+            r["profile_overhead"] = round(ovh - 1, 4) if ovh is not None else None
             r["ours_per_upstream_verify"] = div(r["ours_verify_ms"], r["upstream_verify_ms"])
             r["ours_per_upstream_cycle"] = div(r["ours_cycle_ms"], r["upstream_cycle_ms"])
             rows.append(r)
@@ -191,6 +204,8 @@ def format_table(rows, meta) -> str:
             ("upstream_cycle_ms", "up_cycle"), ("ours_cycle_ms", "our_cycle"), ("upstream_cycle_per_decode", "up_c/dec"),
             ("ours_cycle_per_decode", "our_c/dec"), ("plain_e2e_ms_per_step", "e2e_plain"),
             ("upstream_e2e_ms_per_step", "e2e_up"), ("ours_e2e_ms_per_step", "e2e_ours")]
+    if any(r.get("ours_profile_e2e_ms_per_step") is not None for r in rows):
+        cols += [("ours_profile_e2e_ms_per_step", "e2e_prof"), ("profile_overhead", "prof_ovh")]
     fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
     lines = [f"RESULT model={meta['model']}  GPU ms per graph replay (median); cycle = draft + verify + draft-extend; "
              f"e2e = wall ms per decode step",
@@ -198,6 +213,10 @@ def format_table(rows, meta) -> str:
     lines += ["RESULT " + " ".join(f"{fmt(r[k]):>10}" for k, _ in cols) for r in rows]
     for m, st in meta["mode_status"].items():
         lines.append(f"RESULT mode {m}: {st}")
+    for p in meta.get("profile_lines", [])[:6]:
+        lines.append("RESULT profile " + " ".join(f"{k}={p[k]}" for k in (
+            "cycles", "bs", "cycle_mean_ms", "span_per_cycle_ms", "phase_sum_vs_span", "verify_pct",
+            "accept_length", "replay_pct")))
     lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),
               f"RESULT flags: {meta['flags']}", f"RESULT command: {meta['command']}"]
     return "\n".join(lines)
@@ -285,11 +304,34 @@ def run_parent(a) -> int:
             tail = open(log, errors="replace").read().splitlines()[-25:]
             res.setdefault("error", f"rc={rc}; " + " | ".join(ln for ln in tail if "rror" in ln)[-600:])
             print(f"BENCH mode {mode} failed rc={rc}; last lines of {log}:\n  " + "\n  ".join(tail), flush=True)
+        if mode == "ours_profile":
+            meta["profile_lines"] = profile_lines(log)
         modes[mode] = res
         meta["mode_status"][mode] = _mode_status(res) + f" ({time.time() - t0:.0f}s)"
         print(f"BENCH mode {mode}: {meta['mode_status'][mode]}", flush=True)
         finish(0, show=False)  # partial results on disk after every mode
     return finish(0 if all(m.get("ok") for m in modes.values()) else 1)
+
+
+def profile_lines(log_path: str) -> list:
+    """The ``verify_graph_profile`` lines of a mode log as ``key=value`` dicts (str values), each
+    with ``span_per_cycle_ms`` (device span / cycles) and ``phase_sum_vs_span`` (cycle_mean_ms,
+    i.e. the four phases' sum, over it: 1.0 when the cycles fill the GPU timeline)."""
+    out = []
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if "verify_graph_profile " not in line or "cycles=" not in line:
+                continue
+            words = line[line.index("verify_graph_profile "):].split()[1:]
+            p = dict(w.split("=", 1) for w in words if "=" in w)
+            try:
+                span = 1000.0 * float(p["tokens"]) / float(p["tok_s"]) / float(p["cycles"])
+                p["span_per_cycle_ms"] = round(span, 4)
+                p["phase_sum_vs_span"] = round(float(p["cycle_mean_ms"]) / span, 4)
+            except (KeyError, ValueError, ZeroDivisionError):
+                p["span_per_cycle_ms"] = p["phase_sum_vs_span"] = None
+            out.append(p)
+    return out
 
 
 def parse_args(argv=None):
@@ -303,7 +345,9 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens per measured request")
     ap.add_argument("--warmup-tokens", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2, help="EAGLE-3 draft steps S (S+1 draft tokens)")
-    ap.add_argument("--modes", default="ours,upstream,plain", type=lambda s: [m for m in s.split(",") if m])
+    ap.add_argument("--modes", default="ours,upstream,plain", type=lambda s: [m for m in s.split(",") if m],
+                    help="comma list of " + ", ".join(MODES))
+    ap.add_argument("--profile-every", type=int, default=20, help="ours_profile: cycles per profile line")
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--mem", type=float, default=0.6, help="mem_fraction_static")
     ap.add_argument("--log-level", default="info")
@@ -313,12 +357,12 @@ def parse_args(argv=None):
     ap.add_argument("--log-dir", default=None, help="child logs + JSON (default: <out dir>/bench_logs)")
     ap.add_argument("--quick", action="store_true", help="smoke: llama-small, context 1024, bs 1, 32 tokens")
     ap.add_argument("--dry-run", action="store_true", help="print the Engine kwargs per mode (makes models) and exit")
-    ap.add_argument("--child", choices=["plain", "upstream", "ours"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.quick:
         a.model, a.contexts, a.batch_sizes, a.new_tokens = "llama-small", [1024], [1], 32
-    bad = [m for m in a.modes if m not in ("plain", "upstream", "ours")]
+    bad = [m for m in a.modes if m not in MODES]
     if bad:
         ap.error(f"unknown mode(s) {bad}")
     a.contexts, a.batch_sizes = sorted(a.contexts), sorted(a.batch_sizes)

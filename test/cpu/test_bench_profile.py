@@ -1,0 +1,45 @@
+"""CPU tier: benchmark/bench_verify.py's profile mode bookkeeping (issue #5): the overhead column
+(``ours_profile`` e2e ms per step over ``ours``) and the phase-sum check parsed from the
+profiler's log lines (cycle_mean_ms over the device span per cycle)."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+import bench_verify as bv  # noqa: E402
+
+LINE = ("[2026-11-29 10:00:00 TP0] verify_graph_profile rank=0 cycles=20 tokens=80 bs=1 num_steps=2 "
+        "cycle_ms=9.10 cycle_mean_ms=9.5 draft_ms=1.2 verify_ms=6.3 draft_extend_ms=0.9 "
+        "other_ms=0.7 verify_pct=69.2 accept_length=4.000 tok_s=400.0 replay_pct=100.0 "
+        "fallbacks=none\n")
+
+
+def test_profile_lines_phase_sum_vs_span(tmp_path):
+    log = tmp_path / "bench_ours_profile.log"
+    log.write_text("noise\n" + LINE + "verify_graph_profile: profiling EAGLE cycles\n")
+    (p,) = bv.profile_lines(str(log))
+    # span = 1000 * 80 tokens / 400 tok/s / 20 cycles = 10 ms per cycle; 9.5 / 10
+    assert p["span_per_cycle_ms"] == 10.0 and p["phase_sum_vs_span"] == 0.95
+    assert p["verify_pct"] == "69.2"
+
+
+def test_overhead_column():
+    a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1",
+                       "--modes", "plain,upstream,ours,ours_profile"])
+    phase = lambda e2e: {"context": 1024, "bs": 1, "e2e_ms_per_step": e2e, "roles": {}}  # noqa: E731
+    modes = {"ours": {"phases": [phase(10.0)]}, "ours_profile": {"phases": [phase(10.05)]}}
+    (row,) = bv.build_rows(a, modes)
+    assert row["profile_overhead"] == 0.005
+    meta = {"model": "m", "mode_status": {}, "hardware": "h", "versions": {}, "flags": "",
+            "command": "c", "profile_lines": []}
+    table = bv.format_table([row], meta)
+    assert "prof_ovh" in table and "0.005" in table
+
+
+def test_unknown_mode_is_a_usage_error(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        bv.parse_args(["--modes", "ours,fast"])
+    assert "unknown mode" in capsys.readouterr().err
