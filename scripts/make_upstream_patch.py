@@ -178,6 +178,15 @@ def num_aux_hidden_states(model_runner) -> int:
     return len(ids) if ids else 3
 
 
+def local_embedding_row(model_runner, token_id: int):
+    emb = model_runner.model.get_input_embeddings()
+    start = getattr(getattr(emb, "shard_indices", None), "org_vocab_start_index", 0)
+    local = token_id - start
+    if not 0 <= local < emb.weight.shape[0]:
+        return None
+    return emb.weight.data[local]
+
+
 def is_eagle_topk1_target(model_runner) -> bool:
     algo = model_runner.spec_algorithm
     return (not model_runner.is_draft_worker and algo.is_eagle()
