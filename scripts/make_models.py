@@ -15,6 +15,12 @@ Writes, under OUT_DIR, a target and its EAGLE-3 draft per model family:
 ``kimi-small/``        reduced Kimi-K2-shaped DeepseekV3ForCausalLM (one TP-8 shard's widths: 8 heads,
                        MLA kv_lora 512 / rope 64, 128 experts top-8 of width 256, shared expert), 6 layers
 ``kimi-small-eagle3/`` Llama-style EAGLE-3 draft with hidden 7168, aux layer ids [2, 3, 4]
+``kimi-small-mla/``    the same DeepseekV3 target
+``kimi-small-mla-eagle3/`` MLA EAGLE-3 draft ``Eagle3DeepseekV2ForCausalLM`` (SGLang's
+                       ``kimi_k25_eagle3.py``): one MLA layer with the target's MLA dims, aux [2, 3, 4]
+``kimi-k25-small/``    ``KimiK25ForConditionalGeneration`` wrapping the kimi-small text model
+                       (``text_config``) with a 1-layer vision tower
+``kimi-k25-small-eagle3/`` Llama-style EAGLE-3 draft as for kimi-small
 =====================  ===========================================================================
 
 Each folder gets ``config.json``, ``generation_config.json`` and a WordLevel tokenizer
@@ -93,17 +99,52 @@ def kimi_small(layers: int = 6):
     return t, _eagle3_draft(base, aux, 7168)
 
 
-MODELS = {"llama-small": llama_small, "llama-8b": llama_8b, "kimi-small": kimi_small}
+def kimi_small_mla(layers: int = 6):
+    """kimi-small with the MLA EAGLE-3 drafter (``Eagle3DeepseekV2ForCausalLM``): one decoder layer
+    with the target's MLA attention widths and a dense MLP, hidden 7168."""
+    t, llama_draft = kimi_small(layers)
+    d = dict(t, architectures=["Eagle3DeepseekV2ForCausalLM"], num_hidden_layers=1,
+             intermediate_size=18432, target_hidden_size=7168, draft_vocab_size=t["vocab_size"],
+             eagle_config=dict(llama_draft["eagle_config"]), first_k_dense_replace=1)
+    return t, d
+
+
+def kimi_k25_small(layers: int = 6):
+    """``KimiK25ForConditionalGeneration`` (Kimi-K2.5's architecture name) around the kimi-small
+    text model, with a 1-layer vision tower (SGLang ``configs/kimi_k25.py`` field names)."""
+    text, draft = kimi_small(layers)
+    t = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+         "text_config": dict(text), "vision_config": {
+             "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
+             "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed", "num_attention_heads": 16,
+             "num_hidden_layers": 1, "hidden_size": 1152, "intermediate_size": 4304,
+             "merge_kernel_size": [2, 2], "video_attn_type": "spatial_temporal",
+             "merge_type": "sd2_tpool", "mm_projector_type": "patchmerger",
+             "projector_hidden_act": "gelu", "projector_ln_eps": 1e-5, "text_hidden_size": 7168},
+         "media_placeholder_token_id": text["vocab_size"] - 1, "pad_token_id": PAD,
+         "bos_token_id": BOS, "eos_token_id": EOS, "torch_dtype": "bfloat16"}
+    return t, draft
+
+
+MODELS = {"llama-small": llama_small, "llama-8b": llama_8b, "kimi-small": kimi_small,
+          "kimi-small-mla": kimi_small_mla, "kimi-k25-small": kimi_k25_small}
 
 
 def captured_layers(target: dict, aux_ids) -> list:
     """Target layers whose input residual SGLang 0.5.16 captures for these EAGLE-3 aux ids."""
-    if target["architectures"][0].startswith("Deepseek"):
+    if target["architectures"][0].startswith(("Deepseek", "KimiK25")):
         return [i + 1 for i in aux_ids] if aux_ids and aux_ids[0] == 1 else list(aux_ids)
     return [i + 1 for i in aux_ids]
 
 
+def text_config(cfg: dict) -> dict:
+    """The text model's config: ``text_config`` of a multimodal wrapper, else ``cfg`` itself."""
+    return cfg.get("text_config", cfg)
+
+
 def check_pair(name: str, target: dict, draft: dict) -> None:
+    arch = target["architectures"]
+    target = dict(text_config(target), architectures=arch)
     aux = draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     L = target["num_hidden_layers"]
     cap = captured_layers(target, aux)
@@ -146,13 +187,16 @@ def write_model(out: str, name: str, cfg: dict) -> str:
     os.makedirs(d, exist_ok=True)
     _dump(os.path.join(d, "config.json"), cfg)
     _dump(os.path.join(d, "generation_config.json"), {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD})
-    write_tokenizer(d, cfg["vocab_size"], cfg["max_position_embeddings"])
+    text = text_config(cfg)
+    write_tokenizer(d, text["vocab_size"], text["max_position_embeddings"])
     return d
 
 
 def describe(name: str, cfg: dict) -> str:
     ks = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
           "vocab_size", "draft_vocab_size", "max_position_embeddings")
+    cfg = dict(text_config(cfg), architectures=cfg["architectures"], **{
+        k: cfg[k] for k in ("draft_vocab_size", "eagle_config") if k in cfg})
     parts = [f"{k}={cfg[k][0] if k == 'architectures' else cfg[k]}" for k in ks if k in cfg]
     if "eagle_config" in cfg:
         parts.append(f"aux={cfg['eagle_config']['eagle_aux_hidden_state_layer_ids']}")

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "make_models.py")
-NAMES = ["llama-small", "llama-8b", "kimi-small"]
+NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-small"]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,9 @@ def _cfg(d, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_eagle3_pair_is_consistent(models_dir, name):
     t, d = _cfg(models_dir, name), _cfg(models_dir, name + "-eagle3")
-    assert d["architectures"] == ["LlamaForCausalLMEagle3"]
+    t = dict(t.get("text_config", t), architectures=t["architectures"])
+    assert d["architectures"] == (["Eagle3DeepseekV2ForCausalLM"] if name == "kimi-small-mla"
+                                  else ["LlamaForCausalLMEagle3"])
     assert d["num_hidden_layers"] == 1
     L = t["num_hidden_layers"]
     aux = d["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
@@ -76,7 +78,8 @@ def test_tokenizer_covers_vocab(models_dir, name):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(os.path.join(models_dir, name, "tokenizer.json"))
-    assert tok.get_vocab_size() == _cfg(models_dir, name)["vocab_size"]
+    cfg = _cfg(models_dir, name)
+    assert tok.get_vocab_size() == cfg.get("text_config", cfg)["vocab_size"]
     assert tok.token_to_id("</s>") == 2 and tok.token_to_id("<s>") == 1
 
 
@@ -88,3 +91,19 @@ def test_only_flag_and_unknown_name(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["llama-small", "llama-small-eagle3"]
     r = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "--only", "nope"], capture_output=True, text=True)
     assert r.returncode != 0 and "unknown model" in r.stderr
+
+
+@pytest.mark.parametrize("name,draft_arch", [("kimi-small-mla", "Eagle3DeepseekV2ForCausalLM"),
+                                             ("kimi-k25-small", "LlamaForCausalLMEagle3")])
+def test_sglang_reads_the_mla_models(models_dir, name, draft_arch):
+    """SGLang's own ModelConfig sees MLA (kv_lora_rank 512) in the Kimi-K2.5 wrapper target and in
+    the MLA drafter, and the draft architecture SGLang will load."""
+    pytest.importorskip("sglang")
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+
+    target = ModelConfig(os.path.join(models_dir, name))
+    assert target.attention_arch == AttentionArch.MLA and target.kv_lora_rank == 512
+    assert target.num_hidden_layers == 6 and target.hidden_size == 7168
+    draft = ModelConfig(os.path.join(models_dir, name + "-eagle3"), is_draft_model=True)
+    assert draft.hf_config.architectures == [draft_arch]
+    assert (draft.attention_arch == AttentionArch.MLA) == (draft_arch.startswith("Eagle3Deepseek"))
