@@ -11,6 +11,8 @@
 #   e2e    python3 -m pytest -x -q -m server test/e2e/test_server_e2e.py  (3 servers, llama-small)
 #   nan    test/gpu/test_runner_selftest.py with VERIFY_GRAPH_SELFTEST_NAN=1 (NaN in padded rows,
 #          SGLang's NaN detection SGLANG_ENABLE_ASYNC_ASSERT=1)
+#   mla    the self-test on kimi-small-mla (MLA drafter Eagle3DeepseekV2ForCausalLM) and kimi-k25-small
+#          (KimiK25ForConditionalGeneration target); MLA_MODELS picks
 #   accept test/e2e/test_accept_length_e2e.py (constructed pair: ours/upstream/eager accept lengths;
 #          ACCEPT_STEPS="1 2 3 5" adds num_steps 1/2/5 on ours; 3-6 server starts)
 #   reliab test/e2e/test_reliability_e2e.py (padding/NaN guard, KV accounting, feature mix, sampling)
@@ -148,6 +150,11 @@ for st in $STAGES; do
       run_stage e2e "${E2E_TMO:-240}" python3 -m pytest -x -q -rs -m server test/e2e/test_server_e2e.py -p no:cacheprovider $COLLECT ${E2E_ARGS:-} ;;
     nan)
       VERIFY_GRAPH_SELFTEST_NAN=1 VERIFY_GRAPH_SELFTEST_PORT=31871 run_stage nan "${NAN_TMO:-200}" python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -p no:cacheprovider $COLLECT ;;
+    mla)  # both EAGLE-3 drafter kinds on MLA targets, and the Kimi-K2.5 wrapper architecture
+      for m in ${MLA_MODELS:-kimi-small-mla kimi-k25-small}; do
+        VERIFY_GRAPH_SELFTEST_MODEL=$m VERIFY_GRAPH_SELFTEST_PORT=31872 run_stage "mla_$m" "${MLA_TMO:-220}" \
+          python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k graph_equals -p no:cacheprovider $COLLECT
+      done ;;
     accept)
       run_stage accept "${ACCEPT_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_accept_length_e2e.py -p no:cacheprovider $COLLECT ;;
     reliab)
@@ -155,12 +162,12 @@ for st in $STAGES; do
     bench)
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
-    *) say "unknown stage '$st' (gpu, nan, e2e, accept, reliab, bench)" ;;
+    *) say "unknown stage '$st' (gpu, nan, mla, e2e, accept, reliab, bench)" ;;
   esac
 done
 
 # ---------------------------------------------------------------- results
-for st in gpu nan e2e accept reliab; do
+for st in gpu nan mla_kimi-small-mla mla_kimi-k25-small e2e accept reliab; do
   [ -f "$LOGS/$st.log" ] || continue
   say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
