@@ -49,6 +49,10 @@ ENV_SELFTEST_NAN = "SGLANG_VERIFY_GRAPH_SELFTEST_NAN"
 the padding token holds NaN, so every padded row carries NaN through every layer; the self-test
 then checks that real rows stay finite and equal to eager (GPU tests only)."""
 
+ENV_SYNC_CHECK = "SGLANG_VERIFY_GRAPH_SYNC_CHECK"
+"""Boolean: count synchronizing CUDA calls inside each EAGLE verify step (``sync_check.py``;
+tests only). Independent of :data:`ENV_ENABLE` (upstream's verify can be checked too)."""
+
 ATTR_ENABLE = "_enable_verify_cuda_graph"
 """Underscore attribute set to ``True`` on an enabled ``ServerArgs`` object."""
 
@@ -113,6 +117,7 @@ class EnvSettings:
             0 = off).
         selftest: :data:`ENV_SELFTEST` is set to a true value.
         selftest_nan: :data:`ENV_SELFTEST_NAN` is set to a true value.
+        sync_check: :data:`ENV_SYNC_CHECK` is set to a true value.
         profile_every: :data:`ENV_PROFILE_EVERY` (EAGLE cycles between per-phase profile log
             lines; 0 = profile off).
         enable_set_off: :data:`ENV_ENABLE` is set to an explicit false value (``0``/``false``/
@@ -127,6 +132,7 @@ class EnvSettings:
     profile_every: int = 0
     enable_set_off: bool = False
     selftest_nan: bool = False
+    sync_check: bool = False
 
 
 def _parse_bool(environ: Mapping[str, str], name: str) -> bool:
@@ -187,6 +193,7 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
         profile_every=_parse_int(environ, ENV_PROFILE_EVERY, 0, 0),
         enable_set_off=environ.get(ENV_ENABLE, "").strip().lower() in _EXPLICIT_FALSE,
         selftest_nan=_parse_bool(environ, ENV_SELFTEST_NAN),
+        sync_check=_parse_bool(environ, ENV_SYNC_CHECK),
     )
 
 

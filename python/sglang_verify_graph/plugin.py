@@ -31,15 +31,16 @@ def register() -> None:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     profile_here = env.profile_every > 0
-    missing = sglang_adapter.register(runtime=enabled_here, profile=profile_here)
+    missing = sglang_adapter.register(runtime=enabled_here, profile=profile_here,
+                                      sync_check=env.sync_check)
     if not missing:
-        logger.info("sglang_verify_graph: hooks installed (runtime=%s, profile=%s)",
-                    enabled_here, profile_here)
+        logger.info("sglang_verify_graph: hooks installed (runtime=%s, profile=%s, sync_check=%s)",
+                    enabled_here, profile_here, env.sync_check)
         return
     msg = (f"error: {FLAG}: the plugin could not hook into this SGLang version "
            f"(sglang {sglang_adapter.SGLANG_VERSION}; supported: "
            f"{', '.join(sglang_adapter.SUPPORTED_VERSIONS)}); not applied: {'; '.join(missing)}")
-    if enabled_here or profile_here or sglang_adapter.argv_requests_flag(FLAG):
+    if enabled_here or profile_here or env.sync_check or sglang_adapter.argv_requests_flag(FLAG):
         print(msg, file=sys.stderr, flush=True)
         raise SystemExit(1)
     logger.error(msg)

@@ -287,11 +287,29 @@ def internal_state_hook(result, *args, **kwargs):
     ``GetInternalStateReqOutput.internal_state`` dict (what /get_server_info serves)."""
     from sglang_verify_graph.counters import get_counters
 
+    from sglang_verify_graph.sync_check import peek_sync_check
+
     counters = get_counters()
     state = getattr(result, "internal_state", result)
     if counters is not None and isinstance(state, dict):
         state["verify_cuda_graph"] = counters.snapshot()
+    check = peek_sync_check()
+    if check is not None and isinstance(state, dict):
+        state["verify_sync_check"] = check.snapshot()
     return result
+
+
+def sync_check_hook(original: Callable, *args, **kwargs):
+    """AROUND ``EAGLEWorkerV2.verify`` (``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1``, tests only): count
+    synchronizing CUDA calls inside the verify step (``sync_check.py``)."""
+    from sglang_verify_graph.sync_check import get_sync_check
+
+    return get_sync_check().run(original, *args, **kwargs)
+
+
+def sync_check_hooks() -> list[tuple[str, Callable, HookType]]:
+    return [(VERIFY, sync_check_hook, HookType.AROUND),
+            (GET_INTERNAL_STATE, internal_state_hook, HookType.AFTER)]
 
 
 # ---- per-phase profile hooks (profile.py) -------------------------------------------------
@@ -478,12 +496,15 @@ def _apply_registered_hooks_now() -> None:
         patched.clear()
 
 
-def register(runtime: bool, profile: bool = False) -> list[str]:
+def register(runtime: bool, profile: bool = False, sync_check: bool = False) -> list[str]:
     """Register the CLI hooks (and the runtime ones when ``runtime``, the profile ones when
-    ``profile``), apply them now and return the targets that did NOT take effect (empty when all
-    is well). SGLang swallows plugin errors, so the caller must act on a non-empty answer."""
+    ``profile``, the host-sync check when ``sync_check``), apply them now and return the targets
+    that did NOT take effect (empty when all is well). SGLang swallows plugin errors, so the
+    caller must act on a non-empty answer."""
     hooks = (cli_hooks() + (runtime_hooks() if runtime else [])
              + (profile_hooks() if profile else []))
+    if sync_check:
+        hooks += [h for h in sync_check_hooks() if h not in hooks]
     for target, hook, kind in hooks:
         HookRegistry.register(target, hook, kind)
     _apply_registered_hooks_now()

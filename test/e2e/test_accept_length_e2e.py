@@ -8,6 +8,9 @@ Failure modes guarded:
   correct drafts per cycle (SGLang's ``spec_correct_drafts_histogram``) must be equal between our
   verify graph, upstream's graph and eager verify (``--disable-cuda-graph``), and equal to the
   prediction of ``scripts/accept_pair.simulate``;
+* a blocking host sync inside the verify step (verify forward + acceptance): every server runs
+  with ``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1`` (``sync_check.py``, PyTorch's CUDA sync debug mode);
+  ours must report 0 synchronizing calls over all its verify steps (issue #4 item 2);
 * capture metadata built for the wrong tokens per request (bug_log 4): our server runs with
   ``--speculative-num-steps`` 1, 2, 3 and 5 (``num_draft_tokens`` 2..6 per request) and reports
   ``num_draft_tokens == num_steps + 1``; every verify step replays our graph (counter).
@@ -90,6 +93,7 @@ def _serve_and_collect(pair, mode, steps):
     os.makedirs(LOG_DIR, exist_ok=True)
     base = f"http://127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"}
+    env["SGLANG_VERIFY_GRAPH_SYNC_CHECK"] = "1"  # count host syncs inside each verify step
     proc = launch_server(target, base, COMMON + _spec(draft, steps) + MODE_ARGS[mode], env=env,
                          log_path=os.path.join(LOG_DIR, f"server_accept_{mode}_s{steps}.log"))
     try:
@@ -98,6 +102,10 @@ def _serve_and_collect(pair, mode, steps):
         with cf.ThreadPoolExecutor(CONCURRENCY) as pool:
             outs = list(pool.map(lambda ids: generate(base, body(ids)), PROMPTS))
         state = plugin_state(base)
+        import requests
+
+        sync = requests.get(f"{base}/get_server_info", timeout=30).json()[
+            "internal_states"][0].get("verify_sync_check")
     finally:
         stop_server(proc)
     run = {
@@ -106,6 +114,7 @@ def _serve_and_collect(pair, mode, steps):
         "histogram": [list(o["meta_info"].get("spec_correct_drafts_histogram") or []) for o in outs],
         "accept_length": [o["meta_info"].get("spec_accept_length") for o in outs],
         "plugin": state,
+        "sync_check": sync,
     }
     RESULTS[f"{mode}_s{steps}"] = run
     _RUNS[key] = run
@@ -161,3 +170,13 @@ def test_shape_contract_num_steps(pair, steps):
     assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"] > 0, st
     assert run["output_ids"] == [s["output_ids"] for s in sims]
     assert [_trim(h) for h in run["histogram"]] == hists
+
+
+@pytest.mark.skipif(3 not in STEPS, reason="ACCEPT_STEPS has no 3")
+def test_no_host_sync_inside_the_verify_step(pair):
+    runs = {m: _serve_and_collect(pair, m, 3) for m in ("ours", "upstream")}
+    ours = runs["ours"]["sync_check"]
+    RESULTS["sync_check"] = {m: r["sync_check"] for m, r in runs.items()}
+    assert ours is not None, "SGLANG_VERIFY_GRAPH_SYNC_CHECK hooks not installed"
+    assert ours["calls"] >= runs["ours"]["plugin"]["verify_steps"] > 0, ours
+    assert ours["syncs"] == 0, f"synchronizing CUDA calls in the verify step: {ours}"
