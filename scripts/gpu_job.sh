@@ -107,7 +107,7 @@ else
   plugin_ok >> "$LOGS/install.txt" && say "install: fallback ok" || say "install: FALLBACK FAILED (see logs/install.txt)"
 fi
 python3 scripts/make_models.py "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "make_models FAILED: $(tail -3 "$LOGS/make_models.txt")"
-case " $STAGES " in *" accept "*|*" reliab "*)  # the constructed-agreement pair (real weights, ~100 MB)
+case " $STAGES " in *" accept "*|*" reliab "*|*" nan "*)  # the constructed-agreement pair (real weights, ~100 MB)
   python3 scripts/accept_pair.py "$MODELS" >> "$LOGS/make_models.txt" 2>&1 || say "accept_pair FAILED: $(tail -3 "$LOGS/make_models.txt")" ;;
 esac
 say "== setup done in $(el)s; CUDA_HOME=${CUDA_HOME:-none}; $(nvcc --version 2>/dev/null | tail -1)"
@@ -149,7 +149,7 @@ for st in $STAGES; do
     e2e)
       run_stage e2e "${E2E_TMO:-240}" python3 -m pytest -x -q -rs -m server test/e2e/test_server_e2e.py -p no:cacheprovider $COLLECT ${E2E_ARGS:-} ;;
     nan)
-      VERIFY_GRAPH_SELFTEST_NAN=1 VERIFY_GRAPH_SELFTEST_PORT=31871 run_stage nan "${NAN_TMO:-200}" python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -p no:cacheprovider $COLLECT ;;
+      VERIFY_GRAPH_SELFTEST_NAN=1 VERIFY_GRAPH_SELFTEST_MODEL=${NAN_MODEL:-llama-pair} VERIFY_GRAPH_SELFTEST_PORT=31871 run_stage nan "${NAN_TMO:-200}" python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -p no:cacheprovider $COLLECT ;;
     mla)  # both EAGLE-3 drafter kinds on MLA targets, and the Kimi-K2.5 wrapper architecture
       for m in ${MLA_MODELS:-kimi-small-mla kimi-k25-small}; do
         VERIFY_GRAPH_SELFTEST_MODEL=$m VERIFY_GRAPH_SELFTEST_PORT=31872 run_stage "mla_$m" "${MLA_TMO:-220}" \

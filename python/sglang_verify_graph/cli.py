@@ -229,8 +229,10 @@ def resolve_once_hook(result: Any, server_args: Any) -> None:
     return None
 
 
-CONFIG_KEYS = (FLAG[2:], DEST)
-"""Spellings of the flag as a key of an SGLang ``--config`` YAML file."""
+CONFIG_KEY = FLAG[2:]
+"""The flag as a key of an SGLang ``--config`` YAML file (``enable-verify-cuda-graph``)."""
+
+_MIN_ABBREV = len("--enable-v")  # argparse accepts unambiguous prefixes of long options
 
 
 def config_file_path(cli_args: list) -> Optional[str]:
@@ -242,41 +244,59 @@ def config_file_path(cli_args: list) -> Optional[str]:
     return None
 
 
-def check_flag_sources(cli_args: list, config: Any, config_path: str = "config file") -> None:
+def cli_gives_flag(cli_args: list) -> bool:
+    """Whether ``cli_args`` (list of str) holds the flag, spelled out or abbreviated as argparse
+    allows (e.g. ``--enable-verify-cuda``)."""
+    return any(a.startswith("--") and len(a) >= _MIN_ABBREV and FLAG.startswith(a)
+               for a in cli_args)
+
+
+def check_flag_sources(cli_args: list, config: Any, config_path: str = "config file",
+                       env_on: bool = False) -> None:
     """Refuse ``--enable-verify-cuda-graph`` given with conflicting values by a ``--config`` YAML
-    file and the command line.
+    file and the command line or the environment.
 
     SGLang's merger turns a YAML ``true`` of a ``store_true`` flag into the flag and silently
-    drops a ``false`` (its precedence is command line > config file); a string such as ``"true"``
-    becomes ``--enable-verify-cuda-graph true``, which argparse rejects with a usage error that
-    names no fix. So a config file that says ``false`` while the command line says the flag, or a
-    value that is not a YAML boolean, stops the launch instead.
+    drops a ``false`` (its precedence is command line > config file); it passes keys through as
+    written, so ``enable_verify_cuda_graph:`` becomes ``--enable_verify_cuda_graph``, and a string
+    such as ``"true"`` becomes ``--enable-verify-cuda-graph true``: argparse rejects both with a
+    usage error that names no fix. So a config file that says ``false`` while the command line
+    (``cli_gives_flag``) or the environment (``env_on``) turns the feature on, a value that is not
+    a YAML boolean, or the underscore spelling stops the launch instead.
 
     Args:
         cli_args: the command-line arguments (list of str) before SGLang merged the file in.
         config: the parsed YAML document (a mapping; anything else is left to SGLang).
         config_path: the file's path, for the message.
+        env_on: ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH`` is set to a true value.
 
     Raises:
-        VerifyGraphConfigError: the key holds a non-boolean, or ``false`` while ``cli_args``
-            contains the flag.
+        VerifyGraphConfigError: on any of the cases above.
     """
     if not isinstance(config, dict):
         return
-    for key in CONFIG_KEYS:
-        if key not in config:
-            continue
-        value = config[key]
-        where = f"{key} in {config_path}"
-        if not isinstance(value, bool):
-            raise VerifyGraphConfigError(
-                "a config file must give the flag as a YAML boolean", where, repr(value),
-                f"write '{FLAG[2:]}: true' (or false) in {config_path}")
-        if not value and FLAG in cli_args:
-            raise VerifyGraphConfigError(
-                "is given on the command line but set to false in the config file", where,
-                value, f"remove {FLAG} from the command line or set '{FLAG[2:]}: true' in "
-                f"{config_path}")
+    if DEST in config:
+        raise VerifyGraphConfigError(
+            "SGLang passes config-file keys through as written, and argparse knows only the "
+            "hyphenated flag", f"{DEST} in {config_path}", config[DEST],
+            f"write '{CONFIG_KEY}: true' (or false) in {config_path}")
+    if CONFIG_KEY not in config:
+        return
+    value = config[CONFIG_KEY]
+    where = f"{CONFIG_KEY} in {config_path}"
+    if not isinstance(value, bool):
+        raise VerifyGraphConfigError(
+            "a config file must give the flag as a YAML boolean", where, repr(value),
+            f"write '{CONFIG_KEY}: true' (or false) in {config_path}")
+    if not value and cli_gives_flag(cli_args):
+        raise VerifyGraphConfigError(
+            "is given on the command line but set to false in the config file", where,
+            value, f"remove {FLAG} from the command line or set '{CONFIG_KEY}: true' in "
+            f"{config_path}")
+    if not value and env_on:
+        raise VerifyGraphConfigError(
+            f"is turned on by {ENV_ENABLE} but set to false in the config file", where, value,
+            f"unset {ENV_ENABLE} or set '{CONFIG_KEY}: true' in {config_path}")
 
 
 def merge_config_hook(original: Callable[..., Any], merger: Any, cli_args: list) -> Any:
@@ -298,7 +318,7 @@ def merge_config_hook(original: Callable[..., Any], merger: Any, cli_args: list)
         with open(path) as f:
             config = yaml.safe_load(f)
         try:
-            check_flag_sources(list(cli_args), config, path)
+            check_flag_sources(list(cli_args), config, path, env_on=read_env().enable)
         except VerifyGraphConfigError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None

@@ -105,6 +105,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
     def load_batch(self, forward_batch, pp_proxy_tensors=None):
         full_fill = forward_batch.needs_forward_metadata_init()  # else: pre-planned re-entry
         if self.selftest is not None and full_fill:
+            self.selftest.restore_nan()  # never let an injection outlive its cycle
             self.selftest.poison(self)
         super().load_batch(forward_batch, pp_proxy_tensors)
         # SGLang resets the padded tail of positions / out_cache_loc / req_pool_indices /
@@ -114,14 +115,17 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         if full_fill and padded > n:
             self.buffers.input_ids[n:padded].fill_(PAD_TOKEN_ID)
         if self.selftest is not None and full_fill:
-            self.selftest.inject_nan(self)
+            self.selftest.inject_nan(self, forward_batch)
 
     def execute(self, forward_batch, pp_proxy_tensors=None):
         if not forward_batch.forward_mode.is_target_verify():
             return super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
-        out = super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
+        try:
+            out = super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
+        finally:
+            if self.selftest is not None:
+                self.selftest.restore_nan()
         self.counters.count_replay(self.bs, self.raw_bs)
         if self.selftest is not None:
-            self.selftest.restore_nan()
             self.selftest.compare(self, forward_batch, out)
         return out

@@ -55,13 +55,35 @@ class GraphSelfTest:
         self._saved_row = self._nan_row.clone() if self._nan_row is not None else None
         self._nan_live = False
 
-    def inject_nan(self, runner) -> None:
+    def poison(self, runner) -> None:
+        """Before a full ``load_batch``: every static input buffer (all rows) to :data:`POISON`,
+        and a check that none moved since capture."""
+        for name in _POISONED:
+            buf = getattr(runner.buffers, name)
+            if buf.data_ptr() != self.addresses[name]:
+                self.result["addresses_stable"] = False
+            buf.fill_(POISON)
+
+    def inject_nan(self, runner, forward_batch) -> None:
         """After ``load_batch`` filled a padded bucket (``bs > raw_bs``): NaN into the padding
-        token's embedding row (stream-ordered, so the coming replay reads it)."""
-        if self._nan_row is not None and runner.bs > runner.raw_bs:
-            self._nan_row.fill_(float("nan"))
-            self._nan_live = True
-            self.result["nan_injected_replays"] += 1
+        token's embedding row, which the coming replay reads for its padded rows.
+
+        Skipped (and counted as ``nan_skipped_real_pad_token``) when a real row holds the padding
+        token itself (it would read the NaN too). Waits for the device first, so no work queued
+        earlier on another stream (e.g. the draft, which shares the embedding tensor, under
+        ``SGLANG_ENABLE_OVERLAP_PLAN_STREAM``) can see the NaN row."""
+        from sglang_verify_graph.buffers import PAD_TOKEN_ID
+
+        if self._nan_row is None or runner.bs <= runner.raw_bs:
+            return
+        if bool((forward_batch.input_ids[:runner.raw_num_token] == PAD_TOKEN_ID).any()):
+            self.result["nan_skipped_real_pad_token"] = (
+                self.result.get("nan_skipped_real_pad_token", 0) + 1)
+            return
+        torch.cuda.synchronize()
+        self._nan_row.fill_(float("nan"))
+        self._nan_live = True
+        self.result["nan_injected_replays"] += 1
 
     def restore_nan(self) -> None:
         """After the replay was enqueued: put the embedding row back (stream-ordered)."""

@@ -68,11 +68,12 @@ def test_config_false_alone_is_off(merger, tmp_path):
     assert FLAG not in _merge(merger, argv)
 
 
-@pytest.mark.parametrize("key", ["enable-verify-cuda-graph", "enable_verify_cuda_graph"])
-def test_config_false_and_cli_flag_conflict(merger, tmp_path, capsys, key):
+@pytest.mark.parametrize("given", [FLAG, "--enable-verify-cuda"])  # argparse abbreviations count
+def test_config_false_and_cli_flag_conflict(merger, tmp_path, capsys, given):
+    key = "enable-verify-cuda-graph"
     path = _yaml(tmp_path, f"{key}: false\n")
     with pytest.raises(SystemExit) as info:
-        _merge(merger, ["--config", path, FLAG])
+        _merge(merger, ["--config", path, given])
     assert info.value.code == 2 and info.value.__suppress_context__
     err = capsys.readouterr().err
     assert err == (f"error: {FLAG}: is given on the command line but set to false in the config "
@@ -90,6 +91,32 @@ def test_config_non_boolean_value_is_refused(merger, tmp_path, capsys, value):
     assert err.count("\n") == 1 and err.startswith(f"error: {FLAG}: a config file must give the "
                                                    "flag as a YAML boolean")
     assert f"Fix: write 'enable-verify-cuda-graph: true' (or false) in {path}." in err
+
+
+def test_config_underscore_key_is_refused(merger, tmp_path, capsys):
+    path = _yaml(tmp_path, "enable_verify_cuda_graph: true\n")
+    with pytest.raises(SystemExit):
+        _merge(merger, ["--config", path])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "passes config-file keys through as written" in err
+    assert f"Fix: write 'enable-verify-cuda-graph: true' (or false) in {path}." in err
+
+
+def test_config_false_and_env_on_conflict(merger, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(ENV_ENABLE, "1")
+    path = _yaml(tmp_path, "enable-verify-cuda-graph: false\n")
+    with pytest.raises(SystemExit):
+        _merge(merger, ["--config", path])
+    err = capsys.readouterr().err
+    assert f"is turned on by {ENV_ENABLE} but set to false in the config file" in err
+    assert f"Fix: unset {ENV_ENABLE} or set 'enable-verify-cuda-graph: true' in {path}." in err
+
+
+def test_cli_gives_flag_spellings():
+    assert cli.cli_gives_flag(["--model-path", "m", FLAG])
+    assert cli.cli_gives_flag(["--enable-verify-cuda"])
+    assert cli.cli_gives_flag(["--enable-v"])  # no other SGLang 0.5.16 flag starts so
+    assert not cli.cli_gives_flag(["--enable-", "--enable-metrics", "enable-verify-cuda-graph"])
 
 
 def test_check_flag_sources_ignores_other_documents():

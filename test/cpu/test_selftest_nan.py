@@ -44,13 +44,21 @@ def test_config_needs_the_selftest(make_args):
 def _runner(bs, raw_bs):
     bufs = types.SimpleNamespace(**{n: torch.zeros(8, dtype=torch.int64) for n in st._POISONED})
     return types.SimpleNamespace(buffers=bufs, counters=types.SimpleNamespace(selftest={}),
-                                 model_runner=object(), bs=bs, raw_bs=raw_bs)
+                                 model_runner=object(), bs=bs, raw_bs=raw_bs, raw_num_token=raw_bs)
+
+
+def _batch(*ids):
+    return types.SimpleNamespace(input_ids=torch.tensor(ids, dtype=torch.int64))
+
+
+REAL = _batch(5, 6, 7)
 
 
 @pytest.fixture
 def embedding(monkeypatch):
     weight = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     monkeypatch.setattr(sglang_adapter, "local_embedding_row", lambda mr, token_id: weight[token_id])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     return weight
 
 
@@ -58,13 +66,13 @@ def test_nan_only_during_padded_replays(embedding):
     original = embedding.clone()
     runner = _runner(bs=4, raw_bs=3)
     test = st.GraphSelfTest(runner, inject_nan=True)
-    test.inject_nan(runner)
+    test.inject_nan(runner, REAL)
     assert torch.isnan(embedding[0]).all() and torch.equal(embedding[1:], original[1:])
     test.restore_nan()
     assert torch.equal(embedding, original)
     assert runner.counters.selftest["nan_injected_replays"] == 1
-    runner.bs = runner.raw_bs = 4  # no padded rows: nothing to inject
-    test.inject_nan(runner)
+    runner.bs = runner.raw_bs = runner.raw_num_token = 4  # no padded rows: nothing to inject
+    test.inject_nan(runner, _batch(5, 6, 7, 8))
     assert torch.equal(embedding, original)
     test.restore_nan()
     assert runner.counters.selftest["nan_injected_replays"] == 1
@@ -74,6 +82,41 @@ def test_no_injection_unless_asked(embedding):
     original = embedding.clone()
     runner = _runner(bs=4, raw_bs=1)
     test = st.GraphSelfTest(runner)
-    test.inject_nan(runner)
+    test.inject_nan(runner, REAL)
     assert torch.equal(embedding, original)
     assert runner.counters.selftest["nonfinite_rows"] == 0
+
+
+def test_no_injection_when_a_real_row_holds_the_pad_token(embedding):
+    original = embedding.clone()
+    runner = _runner(bs=4, raw_bs=3)
+    test = st.GraphSelfTest(runner, inject_nan=True)
+    test.inject_nan(runner, _batch(5, 0, 7))
+    assert torch.equal(embedding, original)
+    assert runner.counters.selftest["nan_skipped_real_pad_token"] == 1
+    assert runner.counters.selftest["nan_injected_replays"] == 0
+
+
+def test_poison_fills_every_static_input_and_checks_addresses():
+    runner = _runner(bs=4, raw_bs=3)
+    test = st.GraphSelfTest(runner)
+    test.poison(runner)
+    assert all(bool((getattr(runner.buffers, n) == st.POISON).all()) for n in st._POISONED)
+    assert runner.counters.selftest["addresses_stable"] is True
+    runner.buffers.seq_lens = torch.zeros(8, dtype=torch.int64)  # re-allocated after capture
+    test.poison(runner)
+    assert runner.counters.selftest["addresses_stable"] is False
+
+
+def test_every_selftest_method_the_runner_calls_exists():
+    """The runner calls the self-test only under SGLANG_VERIFY_GRAPH_SELFTEST (GPU); a renamed or
+    dropped method would first fail inside the scheduler. Read the calls from the source."""
+    import inspect
+    import re
+
+    from sglang_verify_graph import runner
+
+    called = set(re.findall(r"self\.selftest\.(\w+)\(", inspect.getsource(runner)))
+    assert {"poison", "inject_nan", "restore_nan", "compare"} <= called
+    missing = [m for m in called if not callable(getattr(st.GraphSelfTest, m, None))]
+    assert not missing, missing

@@ -7,16 +7,20 @@ target: next token ``g(t)``; a draft agreeing on ~70% of ids), so outputs can be
   (``/abort_request``), at page size 1 and 64. Afterwards, idle: ``/flush_cache`` succeeds,
   ``/v1/loads`` reports 0 used tokens, the server is alive and its log has none of SGLang's own
   leak reports (``memory leak detected``, KV double free / use-after-free; the idle invariant
-  check is strict by default, and ``SGLANG_CHECK_KV_PAGE_INVARIANTS=1`` adds the page checks);
+  check is strict by default; ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1`` runs the pool
+  invariant while busy too, and ``SGLANG_CHECK_KV_PAGE_INVARIANTS=1`` adds the page checks to it;
+  a hit there is SGLang's own assertion and crashes the scheduler, which the test reports);
   every verify step replayed our graph or fell back for a counted reason.
 * **Feature mix** (sglang#24283, bug_log 10: grammar / logprob requests crash the scheduler): one
   batch of JSON-schema requests (xgrammar), logprob + top-logprob requests and plain requests.
   Schemas hold; plain and logprob outputs equal the target's greedy chain (the run without the
   other requests); logprobs equal an eager-verify server's (``--disable-cuda-graph``) within
   1e-2.
-* **Sampling** (bug_log 8 territory): temperature 8 (the pair's logit margin 32 becomes 4, so the
-  target is far from one-hot) and top-p 0.9, 48 seeded requests on our server and on upstream's
-  graph: the mean accept length and accept rate agree within four standard errors.
+* **Sampling** (bug_log 8 territory): temperature 4 (the pair's logit margin 32 becomes 8: p(g(t)) ~ 0.85, so the
+  target is far from one-hot) and top-p 0.9, 48 requests on our server and on upstream's graph:
+  the mean accept length and accept rate agree within four standard errors, and some drafts are
+  accepted (rate > 0.05). Not seeded: SGLang 0.5.16 uses ``sampling_seed`` only with
+  ``--enable-deterministic-inference``, which the verify graph refuses.
 
 Env: ``E2E_MODELS_DIR``, ``E2E_LOG_DIR`` (server logs, reliab_results.json), ``RELIAB_REQUESTS``
 (default 1000).
@@ -142,10 +146,12 @@ def test_kv_accounting_after_aborts_and_prefix_hits(pair, page_size):
     for i in range(N_REQUESTS):
         head = prefixes[i % 4] if rng.random() < 0.6 else []
         tail = [rng.randrange(10, ap.VOCAB - 10) for _ in range(rng.randrange(1, 400))]
-        jobs.append((f"kv{page_size}-{i}", head + tail, rng.randrange(1, 40), rng.random() < 0.1))
+        # fixed width: SGLang aborts every rid that *starts with* the given one
+        jobs.append((f"kv{page_size}-{i:05d}", head + tail, rng.randrange(1, 40), rng.random() < 0.1))
     with _Server(pair, f"kv_page{page_size}", ["--enable-verify-cuda-graph", "--page-size",
                                                 str(page_size), "--max-running-requests", "24"],
-                 {"SGLANG_CHECK_KV_PAGE_INVARIANTS": "1"}) as s:
+                 {"SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
+                  "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}) as s:
         used0, _ = _used_tokens(s.base)
         wrong, aborted = [], []
 
@@ -191,7 +197,7 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "enum": 
 
 def _mix_bodies(rng):
     bodies = []
-    for i in range(12):
+    for i in range(8):  # one batch within the largest captured bucket (8)
         ids = [rng.randrange(10, ap.VOCAB - 10) for _ in range(rng.randrange(8, 120))]
         sp = {"max_new_tokens": 32, "temperature": 0.0}
         body = {"input_ids": ids, "sampling_params": sp}
@@ -252,8 +258,7 @@ def _sampling_stats(server, n=48, tokens=48):
     def one(k):
         ids = [rng.randrange(10, ap.VOCAB - 10) for _ in range(32)]
         return server.generate({"input_ids": ids, "sampling_params": {
-            "max_new_tokens": tokens, "temperature": 8.0, "top_p": 0.9, "ignore_eos": True,
-            "sampling_seed": 1000 + k}})
+            "max_new_tokens": tokens, "temperature": 4.0, "top_p": 0.9, "ignore_eos": True}})
 
     with cf.ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(one, range(n)))
@@ -273,5 +278,5 @@ def test_sampling_acceptance_matches_upstream(pair):
         se = math.sqrt(statistics.pvariance(a) / len(a) + statistics.pvariance(b) / len(b))
         diff = abs(statistics.mean(a) - statistics.mean(b))
         assert diff <= 4 * se + 1e-9, (name, statistics.mean(a), statistics.mean(b), se)
-    assert 1.0 < statistics.mean(ours[0]) < 4.0, ours[0][:8]  # neither all nor nothing accepted
+    assert 0.05 < statistics.mean(ours[1]) < 0.95, ours[1][:8]  # neither all nor nothing accepted
     assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"] > 0, st
