@@ -13,6 +13,8 @@
 #          SGLang's NaN detection SGLANG_ENABLE_ASYNC_ASSERT=1)
 #   mla    the self-test on kimi-small-mla (MLA drafter Eagle3DeepseekV2ForCausalLM) and kimi-k25-small
 #          (KimiK25ForConditionalGeneration target); MLA_MODELS picks
+#   sanitizer  compute-sanitizer memcheck on 16 kernel cases, then on the self-test server
+#          (llama-small, padded buckets); memcheck reports in logs/memcheck_*.txt
 #   accept test/e2e/test_accept_length_e2e.py (constructed pair: ours/upstream/eager accept lengths;
 #          ACCEPT_STEPS="1 2 3 5" adds num_steps 1/2/5 on ours; 3-6 server starts)
 #   reliab test/e2e/test_reliability_e2e.py (padding/NaN guard, KV accounting, feature mix, sampling)
@@ -155,6 +157,17 @@ for st in $STAGES; do
         VERIFY_GRAPH_SELFTEST_MODEL=$m VERIFY_GRAPH_SELFTEST_PORT=31872 run_stage "mla_$m" "${MLA_TMO:-220}" \
           python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k graph_equals -p no:cacheprovider $COLLECT
       done ;;
+    sanitizer)  # compute-sanitizer memcheck: kernel cases (page boundaries, mixed lengths), then
+      # the self-test server (padded buckets, poisoned padding) with every process under memcheck
+      SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+      if [ -z "$SANBIN" ]; then RC[sanitizer_kernel]=absent; ORDER="$ORDER sanitizer_kernel"
+        say "== stage sanitizer: SKIPPED (compute-sanitizer not found)"; continue; fi
+      SAN="$SANBIN --tool memcheck --target-processes all --error-exitcode 99"
+      run_stage sanitizer_kernel "${SANITIZER_KERNEL_TMO:-200}" $SAN --log-file "$LOGS/memcheck_kernel.%p.txt" \
+        python3 -m pytest -x -q -rs -m gpu test/gpu/test_chain_kernel_gpu.py -k "seq_lens2 or seq_lens3" -p no:cacheprovider $COLLECT
+      VERIFY_GRAPH_SERVER_WRAPPER="$SAN --log-file $LOGS/memcheck_server.%p.txt" VERIFY_GRAPH_SERVER_TIMEOUT=${SANITIZER_SERVER_WAIT:-420} \
+        VERIFY_GRAPH_SELFTEST_PORT=31873 run_stage sanitizer_server "${SANITIZER_SERVER_TMO:-480}" \
+        python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k graph_equals -p no:cacheprovider $COLLECT ;;
     accept)
       run_stage accept "${ACCEPT_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_accept_length_e2e.py -p no:cacheprovider $COLLECT ;;
     reliab)
@@ -162,12 +175,12 @@ for st in $STAGES; do
     bench)
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
-    *) say "unknown stage '$st' (gpu, nan, mla, e2e, accept, reliab, bench)" ;;
+    *) say "unknown stage '$st' (gpu, nan, mla, sanitizer, e2e, accept, reliab, bench)" ;;
   esac
 done
 
 # ---------------------------------------------------------------- results
-for st in gpu nan mla_kimi-small-mla mla_kimi-k25-small e2e accept reliab; do
+for st in gpu nan mla_kimi-small-mla mla_kimi-k25-small sanitizer_kernel sanitizer_server e2e accept reliab; do
   [ -f "$LOGS/$st.log" ] || continue
   say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done

@@ -18,10 +18,19 @@ import requests
 
 def launch_server(model: str, base_url: str, args: list[str], env: dict | None = None,
                   log_path: str | None = None, timeout: float = 600):
-    """Start the stock server; returns the Popen. Raises RuntimeError if not healthy in time."""
+    """Start the stock server; returns the Popen. Raises RuntimeError if not healthy in time.
+
+    ``VERIFY_GRAPH_SERVER_WRAPPER`` (env of the test process), e.g. ``"compute-sanitizer --tool
+    memcheck --target-processes all"``, is put in front of the command; ``VERIFY_GRAPH_SERVER_TIMEOUT``
+    (s) then overrides ``timeout``."""
+    import shlex
+
     out = open(log_path, "w") if log_path else None
     host, port = base_url.rsplit(":", 1)
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model,
+    wrapper = shlex.split(os.environ.get("VERIFY_GRAPH_SERVER_WRAPPER", ""))
+    if wrapper:
+        timeout = float(os.environ.get("VERIFY_GRAPH_SERVER_TIMEOUT", timeout))
+    cmd = [*wrapper, sys.executable, "-m", "sglang.launch_server", "--model-path", model,
            "--host", host.split("//")[-1], "--port", port, *args]
     proc = subprocess.Popen(cmd, env=env or dict(os.environ), stdout=out or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
