@@ -59,8 +59,9 @@ ATTR_ENABLE = "_enable_verify_cuda_graph"
 ATTR_CONFIG = "_verify_cuda_graph_config"
 """Underscore attribute holding the validated :class:`VerifyGraphConfig` (set by the post-init hook)."""
 
-SUPPORTED_ATTENTION_BACKENDS: Tuple[str, ...] = ("triton",)
-"""Attention backends (resolved ``ServerArgs`` values) the verify graph supports."""
+SUPPORTED_ATTENTION_BACKENDS: Tuple[str, ...] = ("triton", "fa3", "flashmla", "flashinfer_mla")
+"""Attention backends (resolved ``ServerArgs`` values) the verify graph supports; the policy
+(chain kernel for triton, the backend's own verify for the others) is in ``backends.py``."""
 
 SUPPORTED_SPECULATIVE_ALGORITHMS: Tuple[str, ...] = ("EAGLE3", "EAGLE")
 """Resolved ``speculative_algorithm`` values accepted (sglang resolves ``NEXTN`` to ``EAGLE``)."""
@@ -229,7 +230,8 @@ class VerifyGraphConfig:
         num_draft_tokens: tokens verified per request per step (= ``num_steps + 1``).
         topk: draft top-k (always 1).
         speculative_algorithm: resolved algorithm, ``"EAGLE3"`` or ``"EAGLE"``.
-        attention_backend: resolved attention backend serving target verify (``"triton"``).
+        attention_backend: resolved attention backend serving target verify
+            (:data:`SUPPORTED_ATTENTION_BACKENDS`).
         page_size: KV-cache page size in tokens.
         max_running_requests: max concurrent requests, or ``None`` if unresolved.
         num_kv_splits: KV-split override from the environment, or ``None`` (runner chooses).
@@ -243,6 +245,8 @@ class VerifyGraphConfig:
         selftest: run the in-server graph-vs-eager self-test (``SGLANG_VERIFY_GRAPH_SELFTEST``).
         selftest_nan: with ``selftest``, NaN in every padded row during replays
             (``SGLANG_VERIFY_GRAPH_SELFTEST_NAN``).
+        verify_attention: ``"chain"`` (triton: the split-KV chain kernel) or ``"native"`` (fa3,
+            flashmla, flashinfer_mla: the backend's own verify kernel), see ``backends.py``.
     """
 
     num_steps: int
@@ -261,6 +265,7 @@ class VerifyGraphConfig:
     tp_size: int = 1
     selftest: bool = False
     selftest_nan: bool = False
+    verify_attention: str = "chain"
 
 
 def _check_algorithm(sa: Any) -> str:
@@ -305,31 +310,6 @@ def _check_steps(sa: Any) -> Tuple[int, int, int]:
             f"pass --speculative-num-draft-tokens {steps + 1} or omit it",
         )
     return steps, topk, ndt
-
-
-def _check_attention(sa: Any) -> str:
-    """Both resolved phase backends must be supported (no HybridAttnBackend)."""
-    base = getattr(sa, "attention_backend", None)
-    for flag, field in (
-        ("--prefill-attention-backend", "prefill_attention_backend"),
-        ("--decode-attention-backend", "decode_attention_backend"),
-    ):
-        override = getattr(sa, field, None)
-        if override and override not in SUPPORTED_ATTENTION_BACKENDS:
-            raise VerifyGraphConfigError(
-                f"supports only the {'/'.join(SUPPORTED_ATTENTION_BACKENDS)} attention "
-                "backend for target verify", flag, override,
-                f"pass {flag} triton or remove it",
-            )
-    prefill = getattr(sa, "prefill_attention_backend", None) or base
-    decode = getattr(sa, "decode_attention_backend", None) or base
-    if prefill not in SUPPORTED_ATTENTION_BACKENDS or decode not in SUPPORTED_ATTENTION_BACKENDS:
-        raise VerifyGraphConfigError(
-            f"supports only the {'/'.join(SUPPORTED_ATTENTION_BACKENDS)} attention "
-            "backend for target verify", "--attention-backend", base,
-            "pass --attention-backend triton",
-        )
-    return prefill
 
 
 def _decode_graph_backend(sa: Any) -> Optional[str]:
@@ -417,8 +397,11 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
 
     Checks, in order: speculative algorithm (EAGLE3/EAGLE), ``--speculative-eagle-topk 1``,
     no ``--speculative-adaptive``, ``speculative_num_steps >= 1``,
-    ``num_draft_tokens == num_steps + 1``, triton attention for every phase backend, decode
-    CUDA graphs on, no DP attention / pipeline parallelism / two-batch overlap.
+    ``num_draft_tokens == num_steps + 1``, one supported attention backend for prefill and
+    decode (``backends.check_attention``), an MHA draft not on an MLA-only backend
+    (``backends.check_draft_backend``), decode CUDA graphs on, no DP attention / pipeline
+    parallelism / two-batch overlap, and for the chain kernel (triton) a bf16/fp16 KV cache, no
+    deterministic inference, no page-major KV layout.
 
     Args:
         server_args: a resolved sglang 0.5.16 ``ServerArgs`` (after
@@ -440,10 +423,14 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         return None
     algo = _check_algorithm(server_args)
     steps, topk, ndt = _check_steps(server_args)
-    attention = _check_attention(server_args)
+    from .backends import check_attention, check_draft_backend
+
+    attention, verify_attention = check_attention(server_args)
+    check_draft_backend(server_args, attention)
     graph_backend = _check_cuda_graph(server_args)
     _check_parallel(server_args)
-    _check_kv_cache(server_args)
+    if verify_attention == "chain":  # what the chain kernel cannot serve yet
+        _check_kv_cache(server_args)
 
     cfg = getattr(server_args, "cuda_graph_config", None)
     decode = getattr(cfg, "decode", None)
@@ -454,6 +441,7 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         topk=topk,
         speculative_algorithm=algo,
         attention_backend=attention,
+        verify_attention=verify_attention,
         page_size=int(getattr(server_args, "page_size", None) or 1),
         max_running_requests=getattr(server_args, "max_running_requests", None),
         num_kv_splits=env.num_kv_splits,

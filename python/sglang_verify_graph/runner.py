@@ -7,13 +7,15 @@ padding, largest-bucket-first capture inside ``graph_capture()`` into the global
 pool, replay. What differs from upstream's graphed TARGET_VERIFY:
 
 * attention is the split-KV chain kernel of ``ChainVerifyTritonBackend`` (decode-class: KV read
-  once per split for all ``num_draft_tokens`` queries of a KV head; no tree mask);
+  once per split for all ``num_draft_tokens`` queries of a KV head; no tree mask), or, for the
+  native backends of ``backends.py`` (fa3, flashmla, flashinfer_mla), the backend's own
+  decode-class verify kernel (not yet run on a GPU);
 * no per-replay attention metadata (no kv_indices build, no mask copy);
 * every replay and every eager fallback is counted, each fallback with its reason, and the
   counters are served by ``/get_server_info``.
 
 Errors: ``RuntimeError`` when installed on a runner that is not an EAGLE topk=1 target with
-the chain backend (a wiring bug, never silently ignored).
+the chain backend or a configured native backend (a wiring bug, never silently ignored).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
 
     def __init__(self, model_runner, cfg: VerifyGraphConfig, counters: C.VerifyCounters):
         backend = model_runner.attn_backend
-        if not isinstance(backend, ChainVerifyTritonBackend):
+        self.chain = isinstance(backend, ChainVerifyTritonBackend)  # else: the backend's own verify
+        if not self.chain and cfg.verify_attention != "native":
             raise RuntimeError(f"VerifyCudaGraphRunner needs ChainVerifyTritonBackend, got {type(backend).__name__}")
         self.verify_cfg = cfg
         self.counters = counters
@@ -48,7 +51,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
             raise RuntimeError(
                 f"VerifyCudaGraphRunner captured {self.capture_forward_mode.name} x {self.captured_req_width} "
                 f"tokens/request, expected TARGET_VERIFY x {cfg.num_draft_tokens}")
-        n_out, n_lse = backend.chain_workspace_numel
+        n_out, n_lse = backend.chain_workspace_numel if self.chain else (0, 0)
         self.static_buffers = VerifyStaticBuffers(
             max_bs=self.max_bs, num_draft_tokens=cfg.num_draft_tokens,
             hidden_size=model_runner.model_config.hidden_size,
@@ -60,7 +63,8 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         counters.capture_bs = list(self.capture_bs)
         counters.num_draft_tokens = cfg.num_draft_tokens
         counters.capture_seconds = time.perf_counter() - t0
-        counters.attention = f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})"
+        counters.attention = (f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})" if self.chain
+                              else f"native {cfg.attention_backend} ({type(backend).__name__})")
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
         self.selftest = GraphSelfTest(self, inject_nan=cfg.selftest_nan) if cfg.selftest else None
 
@@ -98,7 +102,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
     # ---- mechanics hooks -------------------------------------------------------------------
     def get_spec_info(self, num_tokens: int):
         spec_info = super().get_spec_info(num_tokens)
-        if spec_info is not None:
+        if spec_info is not None and self.chain:
             spec_info.custom_mask = None  # the chain kernel reads no tree mask
         return spec_info
 

@@ -100,16 +100,21 @@ class GraphSelfTest:
         backend = runner.model_runner.attn_backend
         logits = graph_out.next_token_logits.clone()
         hidden = graph_out.hidden_states.clone() if graph_out.hidden_states is not None else None
-        backend.selftest_eager = True
-        try:
+        if not getattr(runner, "chain", True):  # native backend: its own eager verify
             backend.init_forward_metadata(forward_batch)
-            # same split count as the replayed bucket, so attention reduces in the same order
-            backend._chain_meta = dataclasses.replace(
-                backend._chain_meta, num_kv_splits=backend.num_kv_splits_for(runner.bs))
             ref = runner.model_runner.model.forward(
                 forward_batch.input_ids, forward_batch.positions, forward_batch)
-        finally:
-            backend.selftest_eager = False
+        else:
+            backend.selftest_eager = True
+            try:
+                backend.init_forward_metadata(forward_batch)
+                # same split count as the replayed bucket, so attention reduces in the same order
+                backend._chain_meta = dataclasses.replace(
+                    backend._chain_meta, num_kv_splits=backend.num_kv_splits_for(runner.bs))
+                ref = runner.model_runner.model.forward(
+                    forward_batch.input_ids, forward_batch.positions, forward_batch)
+            finally:
+                backend.selftest_eager = False
         r = self.result
         r["checks"] += 1
         r["rows"] = r.get("rows", 0) + logits.shape[0]

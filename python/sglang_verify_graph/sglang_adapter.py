@@ -195,10 +195,28 @@ def uses_chain_backend(model_runner) -> bool:
     return isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend)
 
 
+def verify_runner_kind(model_runner):
+    """``"chain"`` when the target's backend is ``ChainVerifyTritonBackend``; ``"native"`` when
+    the flag's config chose a native backend (``backends.py``) and the target's backend object is
+    that backend's SGLang class; else ``None`` (upstream's runner, or a refusal)."""
+    if uses_chain_backend(model_runner):
+        return "chain"
+    if model_runner is None or not is_eagle_topk1_target(model_runner):
+        return None
+    cfg = _config_for(model_runner)
+    if cfg is None or cfg.verify_attention != "native":
+        return None
+    from sglang_verify_graph.backends import NATIVE_BACKEND_CLASSES
+
+    name = type(getattr(model_runner, "attn_backend", None)).__name__
+    return "native" if name in NATIVE_BACKEND_CLASSES.get(cfg.attention_backend, ()) else None
+
+
 def refuse_if_flag_lost(model_runner) -> None:
     """Raise instead of silently capturing upstream's runner when the flag is on for this EAGLE
-    topk=1 target but its attention backend is not (or no longer) the chain backend, e.g. SGLang
-    wrapped it for a hybrid linear-attention / sparse model. Raises VerifyGraphConfigError."""
+    topk=1 target but its attention backend is not (or no longer) one the verify graph serves
+    (the chain backend, or the configured native backend's own class), e.g. SGLang wrapped it for
+    a hybrid linear-attention / sparse model. Raises VerifyGraphConfigError."""
     if model_runner is None or not is_eagle_topk1_target(model_runner):
         return
     if _config_for(model_runner) is None:
@@ -206,7 +224,7 @@ def refuse_if_flag_lost(model_runner) -> None:
     from sglang_verify_graph.config import VerifyGraphConfigError
 
     raise VerifyGraphConfigError(
-        problem="the target's attention backend is not the chain verify backend "
+        problem="the target's attention backend is not one the verify graph serves "
                 "(this model needs an attention wrapper the verify graph does not support)",
         flag="attention backend", value=type(getattr(model_runner, "attn_backend", None)).__name__,
         fix="remove --enable-verify-cuda-graph for this model")
@@ -220,7 +238,7 @@ def capture_verify_runner(model_runner, build: Callable):
 
     from sglang_verify_graph.counters import VerifyCounters, install_counters
 
-    cfg = model_runner.attn_backend.verify_cfg
+    cfg = getattr(model_runner.attn_backend, "verify_cfg", None) or _config_for(model_runner)
     counters = install_counters(VerifyCounters(log_every=cfg.log_every))
     before = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
     try:
@@ -244,9 +262,10 @@ def capture_verify_runner(model_runner, build: Callable):
 
 def capture_decode_graph_hook(original: Callable, *args, **kwargs):
     """0.5.16, AROUND ``capture_decode_graph(model_runner=...)``: capture VerifyCudaGraphRunner for
-    the EAGLE topk=1 target whose attention backend is the chain backend; otherwise upstream."""
+    the EAGLE topk=1 target whose attention backend the verify graph serves
+    (:func:`verify_runner_kind`); otherwise upstream."""
     model_runner = kwargs.get("model_runner", args[0] if args else None)
-    if not uses_chain_backend(model_runner):
+    if verify_runner_kind(model_runner) is None:
         refuse_if_flag_lost(model_runner)
         return original(*args, **kwargs)
     from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import DecodeGraphCapture
@@ -259,9 +278,9 @@ def capture_decode_graph_hook(original: Callable, *args, **kwargs):
 
 def decode_runner_cls_hook(original: Callable, model_runner, *args, **kwargs):
     """0.5.23, AROUND ``ModelRunner._decode_cuda_graph_runner_cls(self)``: the EAGLE topk=1 target
-    whose attention backend is the chain backend gets our runner class; otherwise upstream's."""
+    whose attention backend the verify graph serves gets our runner class; otherwise upstream's."""
     cls = original(model_runner, *args, **kwargs)
-    if uses_chain_backend(model_runner) and is_eagle_topk1_target(model_runner):
+    if verify_runner_kind(model_runner) is not None and is_eagle_topk1_target(model_runner):
         return _v0523().verify_runner_cls()
     refuse_if_flag_lost(model_runner)
     return cls

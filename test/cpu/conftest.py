@@ -9,7 +9,8 @@ import pytest
 from sglang_verify_graph import config as vg_config
 
 _OUR_ENV = (vg_config.ENV_ENABLE, vg_config.ENV_NUM_KV_SPLITS, vg_config.ENV_LOG_EVERY,
-            vg_config.ENV_SELFTEST, vg_config.ENV_PROFILE_EVERY)
+            vg_config.ENV_SELFTEST, vg_config.ENV_PROFILE_EVERY, vg_config.ENV_SELFTEST_NAN,
+            vg_config.ENV_SYNC_CHECK)
 
 
 @pytest.fixture(autouse=True)

@@ -43,14 +43,16 @@ BAD = [
      "6", "--speculative-num-draft-tokens 4"),
     ("flashinfer", dict(attention_backend="flashinfer"), "--attention-backend", "flashinfer",
      "--attention-backend triton"),
-    ("fa3", dict(attention_backend="fa3"), "--attention-backend", "fa3",
+    ("trtllm_mha", dict(attention_backend="trtllm_mha"), "--attention-backend", "trtllm_mha",
      "--attention-backend triton"),
     ("backend-unresolved", dict(attention_backend=None), "--attention-backend", "None",
      "--attention-backend triton"),
     ("decode-override", dict(decode_attention_backend="flashinfer"),
      "--decode-attention-backend", "flashinfer", "--decode-attention-backend triton"),
-    ("prefill-override", dict(prefill_attention_backend="fa3"),
-     "--prefill-attention-backend", "fa3", "--prefill-attention-backend triton"),
+    ("prefill-override", dict(prefill_attention_backend="flashinfer"),
+     "--prefill-attention-backend", "flashinfer", "--prefill-attention-backend triton"),
+    ("prefill-decode-differ", dict(prefill_attention_backend="fa3"),
+     "--decode-attention-backend", "triton", "pass only --attention-backend triton"),
     ("disable-cuda-graph", dict(disable_cuda_graph=True, cuda_graph_config=DISABLED_GRAPHS),
      "--disable-cuda-graph", "True", "remove --disable-cuda-graph"),
     ("disable-decode-graph",
@@ -122,7 +124,7 @@ def test_triton_everywhere_via_overrides_is_accepted(make_args):
     args = make_args(attention_backend="flashinfer", prefill_attention_backend="triton",
                      decode_attention_backend="triton")
     assert build_config(args, ON).attention_backend == "triton"
-    assert SUPPORTED_ATTENTION_BACKENDS == ("triton",)
+    assert SUPPORTED_ATTENTION_BACKENDS == ("triton", "fa3", "flashmla", "flashinfer_mla")
 
 
 def test_legacy_disable_flag_loses_to_resolved_config(make_args):

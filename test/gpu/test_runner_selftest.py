@@ -38,6 +38,8 @@ MODEL = os.environ.get("VERIFY_GRAPH_SELFTEST_MODEL", "llama-small")  # or kimi-
 # kimi-small-mla / kimi-k25-small (make_models.py); llama-pair (accept_pair.py: real weights, so no
 # --load-format dummy; its ids never reach the padding token 0, which the NaN mode needs)
 REAL_WEIGHTS = os.path.isfile(os.path.join(MODELS, MODEL, "model.safetensors"))
+# triton (the chain kernel) or a native backend of backends.py: fa3, flashmla, flashinfer_mla
+BACKEND = os.environ.get("VERIFY_GRAPH_SELFTEST_BACKEND", "triton")
 
 
 def _vocab() -> int:
@@ -49,7 +51,7 @@ def _vocab() -> int:
 PORT = int(os.environ.get("VERIFY_GRAPH_SELFTEST_PORT", "31870"))
 NAN = os.environ.get("VERIFY_GRAPH_SELFTEST_NAN") == "1"
 LOG_DIR = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
-LOG = f"{LOG_DIR}/server_selftest_{MODEL}{'_nan' if NAN else ''}.log"
+LOG = f"{LOG_DIR}/server_selftest_{MODEL}_{BACKEND}{'_nan' if NAN else ''}.log"
 BASE = f"http://127.0.0.1:{PORT}"
 
 
@@ -59,7 +61,7 @@ def server():
 
     args = [
         *([] if REAL_WEIGHTS else ["--load-format", "dummy"]),
-        "--attention-backend", "triton", "--sampling-backend", "pytorch",
+        "--attention-backend", BACKEND, "--sampling-backend", "pytorch",
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", f"{MODELS}/{MODEL}-eagle3",
         "--speculative-eagle-topk", "1", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "3",
         "--enable-verify-cuda-graph", "--cuda-graph-bs-decode", "1", "2", "4", "8",

@@ -1,0 +1,129 @@
+"""Which attention backends the verify graph serves, and how (policy; no SGLang imports).
+
+Two kinds of verify attention inside ``VerifyCudaGraphRunner``'s graphs:
+
+* ``chain`` (``--attention-backend triton``): the target's backend becomes
+  ``ChainVerifyTritonBackend``, whose TARGET_VERIFY runs the project's split-KV chain kernel
+  (``sgl-kernel/sgl_verify_kernel``). Triton's own verify is an extend kernel with no KV split
+  (the cause measured in ``docs/benchmarks.md``), so this is where the speed-up comes from.
+* ``native`` (``fa3``, ``flashmla``, ``flashinfer_mla``): the backend's own TARGET_VERIFY is
+  already decode-class for a topk=1 chain (FA3's ``flash_attn_with_kvcache`` and FlashMLA take
+  ``num_draft_tokens`` queries per request over a split-KV paged cache; FlashInfer MLA plans a
+  split-KV decode), so the runner keeps it and adds what it owns: bucket policy, padded rows
+  neutralised, every fallback counted with its reason, the self-test. Not yet run on a GPU.
+
+``flashmla`` and ``flashinfer_mla`` serve MLA only. An MHA EAGLE-3 draft (``LlamaForCausalLMEagle3``)
+inherits the target's backend unless ``--speculative-draft-attention-backend`` says otherwise,
+and SGLang 0.5.16 then fails at draft backend init (``'ModelConfig' object has no attribute
+'kv_lora_rank'``, issue #3 trap (b)): :func:`check_draft_backend` stops the launch first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional, Tuple
+
+from .config import VerifyGraphConfigError
+
+CHAIN_BACKENDS: Tuple[str, ...] = ("triton",)
+"""Backends whose TARGET_VERIFY the plugin replaces with the split-KV chain kernel."""
+
+NATIVE_BACKENDS: Tuple[str, ...] = ("fa3", "flashmla", "flashinfer_mla")
+"""Backends whose own (decode-class) TARGET_VERIFY the plugin's graph replays."""
+
+MLA_ONLY_BACKENDS: Tuple[str, ...] = ("flashmla", "flashinfer_mla")
+"""Backends that serve MLA models only (an MHA draft cannot run on them)."""
+
+NATIVE_BACKEND_CLASSES = {
+    "fa3": ("FlashAttentionBackend",),
+    "flashmla": ("FlashMLABackend",),
+    "flashinfer_mla": ("FlashInferMLAAttnBackend",),
+}
+"""SGLang 0.5.16 class names of each native backend (``layers/attention/*``); a target whose
+backend object is anything else (e.g. a hybrid wrapper) is refused at capture."""
+
+SUPPORTED = CHAIN_BACKENDS + NATIVE_BACKENDS
+_NAMES = ", ".join(SUPPORTED)
+
+
+def verify_attention_kind(backend: str) -> str:
+    """``"chain"`` for :data:`CHAIN_BACKENDS`, ``"native"`` for :data:`NATIVE_BACKENDS`.
+    Raises KeyError for any other backend name."""
+    if backend in CHAIN_BACKENDS:
+        return "chain"
+    if backend in NATIVE_BACKENDS:
+        return "native"
+    raise KeyError(backend)
+
+
+def check_attention(sa: Any) -> Tuple[str, str]:
+    """The resolved verify backend of server args ``sa`` and its kind (``"chain"``/``"native"``).
+
+    Prefill and decode must resolve to the same supported backend (a hybrid backend could route
+    TARGET_VERIFY through either phase's backend).
+
+    Raises:
+        VerifyGraphConfigError: an unsupported override or base backend, or prefill != decode.
+    """
+    base = getattr(sa, "attention_backend", None)
+    for flag, field in (
+        ("--prefill-attention-backend", "prefill_attention_backend"),
+        ("--decode-attention-backend", "decode_attention_backend"),
+    ):
+        override = getattr(sa, field, None)
+        if override and override not in SUPPORTED:
+            raise VerifyGraphConfigError(
+                f"supports the {_NAMES} attention backends for target verify", flag, override,
+                f"pass {flag} triton or remove it")
+    prefill = getattr(sa, "prefill_attention_backend", None) or base
+    decode = getattr(sa, "decode_attention_backend", None) or base
+    if prefill not in SUPPORTED or decode not in SUPPORTED:
+        raise VerifyGraphConfigError(
+            f"supports the {_NAMES} attention backends for target verify",
+            "--attention-backend", base, "pass --attention-backend triton")
+    if prefill != decode:
+        raise VerifyGraphConfigError(
+            f"needs one attention backend for prefill and decode (prefill is {prefill}; with two, "
+            "target verify could run on either)", "--decode-attention-backend", decode,
+            f"pass only --attention-backend {decode}")
+    return decode, verify_attention_kind(decode)
+
+
+def _local_config(path: Optional[str]) -> Optional[dict]:
+    if not path or not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    return cfg.get("text_config", cfg) if isinstance(cfg, dict) else None
+
+
+def draft_is_mla(draft_path: Optional[str]) -> Optional[bool]:
+    """Whether the draft checkpoint at ``draft_path`` (a local folder) uses MLA attention
+    (its config has ``kv_lora_rank``, e.g. ``Eagle3DeepseekV2ForCausalLM``); ``None`` when the
+    path is not a local folder with a config.json (a hub id: not checked here)."""
+    cfg = _local_config(draft_path)
+    if cfg is None:
+        return None
+    return cfg.get("kv_lora_rank") is not None
+
+
+def check_draft_backend(sa: Any, backend: str) -> None:
+    """Trap (b) of issue #3: an MHA draft on an MLA-only target backend.
+
+    Raises:
+        VerifyGraphConfigError: ``backend`` is in :data:`MLA_ONLY_BACKENDS`, the draft is a local
+            folder without MLA, and ``--speculative-draft-attention-backend`` is not set (or is
+            itself MLA-only).
+    """
+    if backend not in MLA_ONLY_BACKENDS:
+        return
+    draft_backend = getattr(sa, "speculative_draft_attention_backend", None)
+    if draft_backend and draft_backend not in MLA_ONLY_BACKENDS:
+        return
+    if draft_is_mla(getattr(sa, "speculative_draft_model_path", None)) is not False:
+        return
+    raise VerifyGraphConfigError(
+        f"the EAGLE-3 draft is an MHA model and cannot run on {backend}, which serves MLA only "
+        "(SGLang would fail at draft backend init)", "--speculative-draft-attention-backend",
+        draft_backend, "pass --speculative-draft-attention-backend triton (or fa3)")

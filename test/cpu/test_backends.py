@@ -1,0 +1,175 @@
+"""CPU tier: which attention backends the verify graph serves and how (``backends.py``; issue #3).
+
+Failure modes guarded: a backend the graph cannot serve starting a server that silently runs
+upstream's verify; a hybrid prefill/decode backend routing TARGET_VERIFY through the other
+phase's backend; issue #3 trap (b): an MHA EAGLE-3 draft on an MLA-only target backend
+(``flashmla``/``flashinfer_mla``), which SGLang 0.5.16 lets start and then crashes at draft
+backend init (``'ModelConfig' object has no attribute 'kv_lora_rank'``); the chain kernel's
+limits (quantized KV) wrongly applied to native backends; the capture hook giving our runner to
+a backend object of the wrong class.
+"""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_verify_graph import backends, sglang_adapter
+from sglang_verify_graph.config import EnvSettings, VerifyGraphConfigError, build_config
+
+ON = EnvSettings(enable=True)
+
+
+@pytest.mark.parametrize("name,kind", [("triton", "chain"), ("fa3", "native"),
+                                       ("flashmla", "native"), ("flashinfer_mla", "native")])
+def test_supported_backends_and_kind(make_args, name, kind, mla_draft):
+    cfg = build_config(make_args(attention_backend=name, speculative_draft_model_path=mla_draft), ON)
+    assert cfg.attention_backend == name and cfg.verify_attention == kind
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "torch_native", "trtllm_mla", "cutlass_mla"])
+def test_unsupported_backend_names_the_flag(make_args, name):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(attention_backend=name), ON)
+    assert info.value.flag == "--attention-backend" and "triton" in info.value.fix
+
+
+def test_prefill_and_decode_must_agree(make_args):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(attention_backend="fa3", prefill_attention_backend="triton"), ON)
+    assert info.value.flag == "--decode-attention-backend" and "prefill is triton" in str(info.value)
+
+
+def test_quantized_kv_refused_for_the_chain_kernel_only(make_args, mla_draft):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(kv_cache_dtype="fp8_e4m3"), ON)
+    assert info.value.flag == "--kv-cache-dtype"
+    cfg = build_config(make_args(attention_backend="flashmla", kv_cache_dtype="fp8_e4m3",
+                                 speculative_draft_model_path=mla_draft), ON)
+    assert cfg.verify_attention == "native"
+
+
+@pytest.fixture
+def mla_draft(tmp_path):
+    d = tmp_path / "mla-draft"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"], "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64}))
+    return str(d)
+
+
+@pytest.mark.parametrize("backend", ["flashmla", "flashinfer_mla"])
+def test_mha_draft_on_mla_only_backend_stops(make_args, tiny_model_dirs, backend):
+    _, llama_draft = tiny_model_dirs
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(attention_backend=backend,
+                               speculative_draft_model_path=llama_draft), ON)
+    err = info.value
+    assert err.flag == "--speculative-draft-attention-backend"
+    assert err.fix == "pass --speculative-draft-attention-backend triton (or fa3)"
+    assert f"cannot run on {backend}" in str(err)
+    # the fix works; an MLA-only draft backend does not
+    ok = make_args(attention_backend=backend, speculative_draft_model_path=llama_draft,
+                   speculative_draft_attention_backend="triton")
+    assert build_config(ok, ON).attention_backend == backend
+    with pytest.raises(VerifyGraphConfigError):
+        build_config(make_args(attention_backend=backend, speculative_draft_model_path=llama_draft,
+                               speculative_draft_attention_backend="flashmla"), ON)
+
+
+def test_mla_draft_fa3_and_hub_ids_pass(make_args, tiny_model_dirs, mla_draft):
+    _, llama_draft = tiny_model_dirs
+    assert build_config(make_args(attention_backend="flashmla",
+                                  speculative_draft_model_path=mla_draft), ON)
+    assert build_config(make_args(attention_backend="fa3",
+                                  speculative_draft_model_path=llama_draft), ON)
+    assert backends.draft_is_mla("org/some-hub-draft") is None  # not a local folder: unchecked
+    assert backends.draft_is_mla(llama_draft) is False and backends.draft_is_mla(mla_draft) is True
+
+
+class FlashMLABackend:  # named like SGLang's class (layers/attention/flashmla_backend.py)
+    pass
+
+
+class SomeHybridWrapper:
+    pass
+
+
+def _model_runner(make_args, backend_obj, mla_draft, **overrides):
+    args = make_args(attention_backend="flashmla", speculative_draft_model_path=mla_draft,
+                     **overrides)
+    algo = SimpleNamespace(is_eagle=lambda: True)
+    return SimpleNamespace(attn_backend=backend_obj, server_args=args, spec_algorithm=algo,
+                           is_draft_worker=False)
+
+
+def test_capture_routing_by_backend_class(make_args, mla_draft, monkeypatch):
+    monkeypatch.setattr(sglang_adapter, "uses_chain_backend", lambda mr: False)
+    assert sglang_adapter.verify_runner_kind(
+        _model_runner(make_args, FlashMLABackend(), mla_draft)) == "native"
+    wrapped = _model_runner(make_args, SomeHybridWrapper(), mla_draft)
+    assert sglang_adapter.verify_runner_kind(wrapped) is None
+    with pytest.raises(VerifyGraphConfigError) as info:
+        sglang_adapter.refuse_if_flag_lost(wrapped)
+    assert info.value.value == "SomeHybridWrapper"
+    draft = _model_runner(make_args, FlashMLABackend(), mla_draft)
+    draft.is_draft_worker = True  # the draft keeps upstream's runner
+    assert sglang_adapter.verify_runner_kind(draft) is None
+
+
+# ---- through SGLang's plugin loading and prepare_server_args (real resolution: page 64) ------
+_DRIVER = """
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+sa = prepare_server_args(sys.argv[1:])
+if hasattr(sa, "resolve_once"):  # sglang 0.5.23 validates here
+    sa.resolve_once()
+cfg = sa._verify_cuda_graph_config
+print("RESULT", cfg.attention_backend, cfg.verify_attention, cfg.page_size)
+"""
+
+
+@pytest.fixture(scope="module")
+def kimi_models(tmp_path_factory):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("kimi")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make_models.py")
+    subprocess.run([sys.executable, script, str(out), "--only", "kimi-small-mla,kimi-k25-small"],
+                   check=True, capture_output=True, timeout=120)
+    return str(out)
+
+
+@pytest.mark.parametrize("draft,extra,expect", [
+    ("kimi-small-mla-eagle3", [], "RESULT flashmla native 64"),
+    ("kimi-k25-small-eagle3", ["--speculative-draft-attention-backend", "triton"],
+     "RESULT flashmla native 64"),
+    ("kimi-k25-small-eagle3", [], "error: --enable-verify-cuda-graph: the EAGLE-3 draft is an MHA "
+     "model and cannot run on flashmla"),
+])
+def test_real_cli_flashmla_drafter_kinds(kimi_models, draft, extra, expect):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_VERIFY_GRAPH_")
+           and k not in ("SGLANG_ENABLE_VERIFY_CUDA_GRAPH", "SGLANG_PLUGINS")}
+    argv = ["--model-path", os.path.join(kimi_models, "kimi-small-mla"), "--device", "cpu",
+            "--skip-tokenizer-init", "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", os.path.join(kimi_models, draft),
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--attention-backend", "flashmla",
+            "--enable-verify-cuda-graph", *extra]
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, *argv], env=env, capture_output=True,
+                          text=True, timeout=300)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines()
+             if ln.startswith(("RESULT", "error:"))]
+    assert len(lines) == 1 and lines[0].startswith(expect), (proc.returncode, lines,
+                                                              proc.stderr[-2000:])
+    assert proc.returncode == (2 if expect.startswith("error") else 0)
+    assert "Traceback" not in proc.stderr
