@@ -48,6 +48,7 @@ TOTAL = 5
 NATIVE = {
     "sgl_verify_kernel": "sglang.kernels.ops.attention.chain_verify",
     "sglang_verify_graph.config": "sglang.srt.speculative.verify_graph_config",
+    "sglang_verify_graph.backends": "sglang.srt.speculative.verify_graph_backends",
     "sglang_verify_graph.chain_backend": "sglang.srt.layers.attention.chain_verify_backend",
     "sglang_verify_graph.runner": "sglang.srt.model_executor.runner.verify_cuda_graph_runner",
     "sglang_verify_graph.counters": "sglang.srt.model_executor.runner.verify_graph_counters",
@@ -68,7 +69,8 @@ def native_path(module: str) -> str:
 def rewrite_imports(text: str) -> str:
     """Plugin package names -> native module names (imports, docstrings, logger names)."""
     text = text.replace('logging.getLogger("sglang_verify_graph")', "logging.getLogger(__name__)")
-    for short in ("counters", "sglang_adapter", "buffers", "selftest", "config", "chain_backend", "runner"):
+    for short in ("counters", "sglang_adapter", "buffers", "selftest", "config", "backends",
+                  "chain_backend", "runner"):
         parent, _, leaf = NATIVE[f"sglang_verify_graph.{short}"].rpartition(".")
         text = re.sub(rf"from sglang_verify_graph import {short}\b", f"from {parent} import {leaf}", text)
     for plugin in sorted(NATIVE, key=len, reverse=True):
@@ -203,9 +205,16 @@ def chain_verify_config(model_runner):
 
 
 def uses_verify_cuda_graph(model_runner) -> bool:
+    """The chain backend, or the native backend the flag's config chose (by its class)."""
     from sglang.srt.layers.attention.chain_verify_backend import ChainVerifyTritonBackend
+    from sglang.srt.speculative.verify_graph_backends import NATIVE_BACKEND_CLASSES
 
-    return isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend)
+    backend = getattr(model_runner, "attn_backend", None)
+    if isinstance(backend, ChainVerifyTritonBackend):
+        return True
+    cfg = chain_verify_config(model_runner)
+    return (cfg is not None and cfg.verify_attention == "native"
+            and type(backend).__name__ in NATIVE_BACKEND_CLASSES.get(cfg.attention_backend, ()))
 
 
 def build_verify_cuda_graph_runner(model_runner):
@@ -217,7 +226,8 @@ def build_verify_cuda_graph_runner(model_runner):
     )
     from sglang.srt.utils import get_available_gpu_memory
 
-    cfg = model_runner.attn_backend.verify_cfg
+    cfg = (getattr(model_runner.attn_backend, "verify_cfg", None)
+           or chain_verify_config(model_runner))
     counters = install_counters(VerifyCounters(log_every=cfg.log_every))
     before = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
     try:
@@ -410,6 +420,7 @@ def build(src: Path, out: Path) -> list[Path]:
 
     kernel = plugin_module(KERNEL / "chain_verify_attention.py", NATIVE["sgl_verify_kernel"])
     config = plugin_module(PLUGIN / "config.py", NATIVE["sglang_verify_graph.config"], _native_config)
+    policy = plugin_module(PLUGIN / "backends.py", NATIVE["sglang_verify_graph.backends"])
     backend = plugin_module(PLUGIN / "chain_backend.py", NATIVE["sglang_verify_graph.chain_backend"], _native_backend)
     runner = plugin_module(PLUGIN / "runner.py", NATIVE["sglang_verify_graph.runner"], _native_runner)
     counters = plugin_module(PLUGIN / "counters.py", NATIVE["sglang_verify_graph.counters"])
@@ -433,6 +444,7 @@ def build(src: Path, out: Path) -> list[Path]:
                     "end of __post_init__ (EAGLE/EAGLE3 topk 1, triton attention, decode CUDA graphs on; no DP\n"
                     "attention, PP, TBO or adaptive speculation): one-line errors naming the flag and the fix.",
                     [new(NATIVE["sglang_verify_graph.config"], config[1]),
+                     new(NATIVE["sglang_verify_graph.backends"], policy[1]),
                      edit("srt/server_args.py", edit_server_args, native_help)]),
         (3, "attention: chain verify backend for the topk=1 EAGLE target",
                     "TritonAttnBackend whose TARGET_VERIFY runs the chain kernel with no per-replay metadata;\n"

@@ -24,7 +24,7 @@ import json
 import os
 from typing import Any, Optional, Tuple
 
-from .config import VerifyGraphConfigError
+from sglang_verify_graph.config import VerifyGraphConfigError
 
 CHAIN_BACKENDS: Tuple[str, ...] = ("triton",)
 """Backends whose TARGET_VERIFY the plugin replaces with the split-KV chain kernel."""

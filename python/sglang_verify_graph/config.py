@@ -423,7 +423,7 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         return None
     algo = _check_algorithm(server_args)
     steps, topk, ndt = _check_steps(server_args)
-    from .backends import check_attention, check_draft_backend
+    from sglang_verify_graph.backends import check_attention, check_draft_backend
 
     attention, verify_attention = check_attention(server_args)
     check_draft_backend(server_args, attention)

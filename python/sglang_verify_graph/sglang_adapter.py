@@ -29,7 +29,8 @@ Hook points (see docs/design.md):
     ``EAGLEWorkerV2.forward_batch_generation`` (the cycle; decode batches only: prefill/extend and
     idle batches are not profiled), ``EagleDraftWorker.draft`` (draft),
     ``EAGLEWorkerV2.verify`` (target verify), ``EagleDraftWorker._draft_extend_for_decode``
-    (draft-extend). See ``profile.py``.
+    (draft-extend). The hook functions live in ``profile_hooks.py`` (no ``sglang.srt`` imports);
+    see ``profile.py``.
 """
 
 from __future__ import annotations
@@ -331,137 +332,6 @@ def sync_check_hooks() -> list[tuple[str, Callable, HookType]]:
             (GET_INTERNAL_STATE, internal_state_hook, HookType.AFTER)]
 
 
-# ---- per-phase profile hooks (profile.py) -------------------------------------------------
-_PROFILER = None  # this process's PhaseProfiler, made at the first profiled decode cycle
-
-
-def _batch_arg(args, kwargs):
-    return kwargs.get("batch", args[0] if args else None)
-
-
-def _is_decode_cycle(batch) -> bool:
-    """A decode (verify) cycle with requests: not prefill/extend, not mixed, not idle."""
-    mode = getattr(batch, "forward_mode", None)
-    if mode is None or mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
-        return False
-    return not mode.is_idle()
-
-
-def _rank_of(worker) -> int:
-    ps = getattr(worker, "ps", None)
-    rank = getattr(ps, "tp_rank", None)
-    if rank is None:
-        rank = getattr(worker, "tp_rank", 0)
-    return int(rank or 0)
-
-
-def profiler_for(worker):
-    """The process's PhaseProfiler (made on first use from the worker's settings)."""
-    global _PROFILER
-    if _PROFILER is None:
-        from sglang_verify_graph import profile
-        from sglang_verify_graph.config import read_env
-        from sglang_verify_graph.counters import get_counters
-
-        every = read_env().profile_every
-        sa = getattr(worker, "server_args", None)
-        metrics = None
-        if sa is not None and getattr(resolved(sa), "enable_metrics", False):
-            metrics = profile.prometheus_metrics()
-        _PROFILER = profile.PhaseProfiler(
-            max(1, every), rank=_rank_of(worker), event_factory=profile.default_event_factory(),
-            counters=get_counters, metrics=metrics)
-        logger.info("verify_graph_profile: profiling EAGLE cycles, one line every %d cycles "
-                    "(rank %d, metrics=%s)", every, _PROFILER.rank, metrics is not None)
-    return _PROFILER
-
-
-class HostAcceptLens:
-    """Reader of a cycle's per-request accept lengths that never synchronizes.
-
-    SGLang copies ``result.accept_lens`` to the host right after the forward returns
-    (``GenerationBatchResult.copy_to_cpu``: pinned, non-blocking, then ``copy_done.record()``).
-    :meth:`settle` (called by the profiler at the next cycle's start, and by every read) swaps
-    the reference to the whole result (logits and all) for that host tensor and its
-    ``copy_done`` once the swap happened, so pending cycles keep no device tensors alive.
-    Calling it returns ``None`` while the tensor is on the device or ``copy_done.query()`` is
-    false, else the list of accept lengths (``()`` when the result has none)."""
-
-    __slots__ = ("_result", "_lens", "_done")
-
-    def __init__(self, result):
-        self._result, self._lens, self._done = result, None, None
-
-    def settle(self) -> None:
-        result = self._result
-        if result is None:
-            return
-        lens = getattr(result, "accept_lens", None)
-        if lens is not None and (getattr(lens, "is_cuda", False)
-                                 or not getattr(lens, "is_cpu", True)):
-            return  # not copied to the host yet
-        self._lens, self._done, self._result = lens, getattr(result, "copy_done", None), None
-
-    def __call__(self):
-        self.settle()
-        if self._result is not None:
-            return None
-        if self._lens is None:
-            return ()
-        if self._done is not None and not self._done.query():
-            return None
-        return self._lens.tolist()
-
-
-def host_accept_lens(result) -> HostAcceptLens:
-    """The :class:`HostAcceptLens` reader of ``result`` (a ``GenerationBatchResult``)."""
-    return HostAcceptLens(result)
-
-
-def profile_cycle_hook(original: Callable, worker, *args, **kwargs):
-    """AROUND ``EAGLEWorkerV2.forward_batch_generation``: one profiled cycle per decode batch."""
-    if not _is_decode_cycle(_batch_arg(args, kwargs)):
-        return original(worker, *args, **kwargs)
-    prof = profiler_for(worker)
-    prof.cycle_begin(num_steps=getattr(worker, "speculative_num_steps", None))
-    try:
-        result = original(worker, *args, **kwargs)
-    except BaseException:
-        prof.cycle_abort()
-        raise
-    prof.cycle_end(host_accept_lens(result))
-    return result
-
-
-def _phase_hook(phase: str) -> Callable:
-    def hook(original: Callable, *args, **kwargs):
-        prof = _PROFILER
-        if prof is None or not prof.in_cycle:
-            return original(*args, **kwargs)
-        prof.begin(phase)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            prof.end(phase)
-
-    hook.__name__ = hook.__qualname__ = f"profile_{phase}_hook"
-    return hook
-
-
-profile_draft_hook = _phase_hook("draft")
-profile_verify_hook = _phase_hook("verify")
-profile_draft_extend_hook = _phase_hook("draft_extend")
-
-
-def profile_hooks() -> list[tuple[str, Callable, HookType]]:
-    return [
-        (CYCLE, profile_cycle_hook, HookType.AROUND),
-        (DRAFT, profile_draft_hook, HookType.AROUND),
-        (VERIFY, profile_verify_hook, HookType.AROUND),
-        (DRAFT_EXTEND, profile_draft_extend_hook, HookType.AROUND),
-    ]
-
-
 # ---- registration --------------------------------------------------------------------------
 def cli_hooks() -> list[tuple[str, Callable, HookType]]:
     from sglang_verify_graph import cli
@@ -520,6 +390,8 @@ def register(runtime: bool, profile: bool = False, sync_check: bool = False) -> 
     ``profile``, the host-sync check when ``sync_check``), apply them now and return the targets
     that did NOT take effect (empty when all is well). SGLang swallows plugin errors, so the
     caller must act on a non-empty answer."""
+    from sglang_verify_graph.profile_hooks import profile_hooks
+
     hooks = (cli_hooks() + (runtime_hooks() if runtime else [])
              + (profile_hooks() if profile else []))
     if sync_check:

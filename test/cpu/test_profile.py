@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sglang_verify_graph import advisor_inputs, cli, profile
+from sglang_verify_graph import profile_hooks as ph
 from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.config import ENV_PROFILE_EVERY, VerifyGraphConfigError, read_env
 from sglang_verify_graph.counters import VerifyCounters
@@ -68,7 +69,7 @@ def _no_sync(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "synchronize", boom)
     monkeypatch.setattr(torch.cuda, "Event", boom)
-    monkeypatch.setattr(adapter, "_PROFILER", None)
+    monkeypatch.setattr(ph, "_PROFILER", None)
     yield
     profile.set_event_factory(None)
 
@@ -250,9 +251,9 @@ def test_flag_parses_and_is_exported(monkeypatch):
 
 _DRIVER = r"""
 import json, sys
-from sglang_verify_graph import plugin, sglang_adapter as a
+from sglang_verify_graph import plugin, profile_hooks as ph, sglang_adapter as a
 plugin.register()
-print("RESULT " + json.dumps({t: a._is_applied(t, h) for t, h, _ in a.profile_hooks()}))
+print("RESULT " + json.dumps({t: a._is_applied(t, h) for t, h, _ in ph.profile_hooks()}))
 """
 
 
@@ -314,9 +315,9 @@ def _fake_worker(gpu, result):
         gpu.advance(1.0)
 
     def forward(w, batch):
-        adapter.profile_draft_hook(draft, w.draft_worker, batch)
-        out = adapter.profile_verify_hook(verify, w, batch)
-        adapter.profile_draft_extend_hook(extend, w.draft_worker, batch, out)
+        ph.profile_draft_hook(draft, w.draft_worker, batch)
+        out = ph.profile_verify_hook(verify, w, batch)
+        ph.profile_draft_extend_hook(extend, w.draft_worker, batch, out)
         return out
 
     worker = SimpleNamespace(speculative_num_steps=3, ps=SimpleNamespace(tp_rank=2),
@@ -333,18 +334,18 @@ def test_adapter_hooks_profile_decode_cycles_only(monkeypatch):
     worker, forward = _fake_worker(gpu, result)
     for kind in ("extend", "idle"):
         batch = SimpleNamespace(forward_mode=Mode(kind), is_extend_in_batch=False)
-        assert adapter.profile_cycle_hook(forward, worker, batch) is result
-    assert gpu.events == [] and adapter._PROFILER is None  # nothing profiled, nothing made
+        assert ph.profile_cycle_hook(forward, worker, batch) is result
+    assert gpu.events == [] and ph._PROFILER is None  # nothing profiled, nothing made
     batch = SimpleNamespace(forward_mode=Mode("decode"), is_extend_in_batch=True)
-    adapter.profile_cycle_hook(forward, worker, batch)
+    ph.profile_cycle_hook(forward, worker, batch)
     assert gpu.events == []
     batch = SimpleNamespace(forward_mode=Mode("decode"), is_extend_in_batch=False)
     lines = []
     for _ in range(2):
-        adapter.profile_cycle_hook(forward, worker, batch=batch)
-        adapter._PROFILER.log = lines.append
+        ph.profile_cycle_hook(forward, worker, batch=batch)
+        ph._PROFILER.log = lines.append
     assert len(gpu.events) == 2 * 8  # cycle pair + three phase pairs, per cycle
-    f = fields(adapter._PROFILER.lines[-1])
+    f = fields(ph._PROFILER.lines[-1])
     assert f["rank"] == "2" and f["num_steps"] == "3" and f["tokens"] == "10"
     assert float(f["verify_ms"]) == 6.0 and float(f["draft_ms"]) == 2.0
     assert float(f["draft_extend_ms"]) == 1.0 and float(f["other_ms"]) == 0.0
@@ -353,7 +354,7 @@ def test_adapter_hooks_profile_decode_cycles_only(monkeypatch):
 def test_host_accept_lens_waits_for_the_host_copy():
     done = CopyDone(False)
     result = SimpleNamespace(accept_lens=torch.tensor([2, 4]), copy_done=done)
-    read = adapter.host_accept_lens(result)
+    read = ph.host_accept_lens(result)
     assert read() is None  # copy event not complete: not read, not waited for
     done.done = True
     assert read() == [2, 4]
@@ -364,8 +365,8 @@ def test_host_accept_lens_waits_for_the_host_copy():
         def tolist(self):
             raise AssertionError("read a device tensor (would synchronize)")
 
-    assert adapter.host_accept_lens(SimpleNamespace(accept_lens=DeviceTensor()))() is None
-    assert adapter.host_accept_lens(SimpleNamespace(accept_lens=None))() == ()
+    assert ph.host_accept_lens(SimpleNamespace(accept_lens=DeviceTensor()))() is None
+    assert ph.host_accept_lens(SimpleNamespace(accept_lens=None))() == ()
 
 
 def test_reader_drops_the_result_once_copied():
@@ -381,7 +382,7 @@ def test_reader_drops_the_result_once_copied():
     result.accept_lens, result.copy_done = DeviceTensor(), None
     prof, gpu, lines = make(every=1, auto=False)
     prof.cycle_begin(num_steps=3)
-    prof.cycle_end(adapter.host_accept_lens(result))
+    prof.cycle_end(ph.host_accept_lens(result))
     ref = weakref.ref(result)
     result.accept_lens, result.copy_done = torch.tensor([1, 3]), CopyDone(False)  # copy_to_cpu
     del result
@@ -397,7 +398,7 @@ def test_reader_drops_the_result_once_copied():
 
 def test_phase_hooks_pass_through_outside_a_cycle():
     calls = []
-    assert adapter.profile_verify_hook(lambda *a, **k: calls.append((a, k)) or "r", 1, x=2) == "r"
+    assert ph.profile_verify_hook(lambda *a, **k: calls.append((a, k)) or "r", 1, x=2) == "r"
     assert calls == [((1,), {"x": 2})]
 
 
@@ -412,8 +413,8 @@ def test_cycle_aborted_when_forward_raises(monkeypatch):
     worker, _ = _fake_worker(gpu, None)
     batch = SimpleNamespace(forward_mode=Mode("decode"), is_extend_in_batch=False)
     with pytest.raises(RuntimeError):
-        adapter.profile_cycle_hook(boom, worker, batch)
-    assert not adapter._PROFILER.in_cycle and not adapter._PROFILER.pending
+        ph.profile_cycle_hook(boom, worker, batch)
+    assert not ph._PROFILER.in_cycle and not ph._PROFILER.pending
 
 
 def test_profile_line_drives_the_advisor_cli(tmp_path):
@@ -438,7 +439,7 @@ def test_metrics_only_with_enable_metrics(monkeypatch, enable_metrics):
     profile.set_event_factory(FakeGPU().factory)
     worker = SimpleNamespace(server_args=SimpleNamespace(enable_metrics=enable_metrics),
                              ps=SimpleNamespace(tp_rank=0))
-    prof = adapter.profiler_for(worker)
+    prof = ph.profiler_for(worker)
     assert prof.every == 4
     assert prof.metrics is (sentinel if enable_metrics else None)
 
