@@ -175,18 +175,7 @@ def logit_cap(layer) -> float:
     return float(logit_capping_mod(layer.logit_capping_method, layer.logit_cap)) if layer.logit_cap else 0.0
 
 
-def num_aux_hidden_states(model_runner) -> int:
-    ids = getattr(model_runner.spec_aux_config, "eagle_aux_hidden_state_layer_ids", None)
-    return len(ids) if ids else 3
-
-
-def local_embedding_row(model_runner, token_id: int):
-    emb = model_runner.model.get_input_embeddings()
-    start = getattr(getattr(emb, "shard_indices", None), "org_vocab_start_index", 0)
-    local = token_id - start
-    if not 0 <= local < emb.weight.shape[0]:
-        return None
-    return emb.weight.data[local]
+@@ADAPTER_FUNCTIONS@@
 
 
 def is_eagle_topk1_target(model_runner) -> bool:
@@ -247,6 +236,21 @@ def build_verify_cuda_graph_runner(model_runner):
         counters.capture_seconds, counters.graph_mem_gib)
     return runner
 '''
+
+
+def adapter_functions(*names: str) -> str:
+    """Source of the named functions of ``sglang_adapter.py`` (shared unchanged with the native
+    ``verify_graph_utils``), so the two never drift apart."""
+    src = (PLUGIN / "sglang_adapter.py").read_text()
+    nodes = {n.name: n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)}
+    missing = [n for n in names if n not in nodes]
+    if missing:
+        raise AnchorError(f"sglang_adapter.py: functions {missing} not found")
+    return "\n\n\n".join(ast.get_source_segment(src, nodes[n]) for n in names)
+
+
+UTILS = UTILS.replace("@@ADAPTER_FUNCTIONS@@",
+                      adapter_functions("num_aux_hidden_states", "local_embedding_row"))
 
 
 def sa_names_used(texts: list[str]) -> set[str]:

@@ -26,10 +26,8 @@ adds our server alone at the other step counts), ``ACCEPT_TOKENS`` (default 96),
 """
 
 import concurrent.futures as cf
-import json
 import os
 import random
-import subprocess
 import sys
 from collections import Counter
 
@@ -42,7 +40,6 @@ import accept_pair as ap  # noqa: E402
 pytestmark = [pytest.mark.server]
 
 LOG_DIR = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
-MODELS = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
 STEPS = [int(s) for s in os.environ.get("ACCEPT_STEPS", "3").split()]
 TOKENS = int(os.environ.get("ACCEPT_TOKENS", "96"))
 CONCURRENCY = 8
@@ -50,6 +47,7 @@ _rng = random.Random(11)
 PROMPTS = [[_rng.randrange(10, ap.VOCAB - 10) for _ in range(_rng.randrange(6, 200))]
            for _ in range(16)]
 RESULTS = {}
+RESULTS_FILE = "accept_results.json"  # written by conftest._module_results
 
 COMMON = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
           "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
@@ -63,20 +61,6 @@ def _spec(draft, steps):
     return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
             "--speculative-eagle-topk", "1", "--speculative-num-steps", str(steps),
             "--speculative-num-draft-tokens", str(steps + 1)]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target = os.path.join(MODELS, "llama-pair")
-    if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "accept_pair.py"), MODELS],
-                       check=True)
-    with open(os.path.join(target, "pair_maps.json")) as f:
-        maps = json.load(f)
-    yield target, target + "-eagle3", maps
-    os.makedirs(LOG_DIR, exist_ok=True)
-    with open(os.path.join(LOG_DIR, "accept_results.json"), "w") as f:
-        json.dump(RESULTS, f, indent=1)
 
 
 _RUNS = {}

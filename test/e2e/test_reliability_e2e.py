@@ -32,7 +32,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -47,27 +46,13 @@ import accept_pair as ap  # noqa: E402
 pytestmark = [pytest.mark.server]
 
 LOG_DIR = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
-MODELS = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
 N_REQUESTS = int(os.environ.get("RELIAB_REQUESTS", "1000"))
 RESULTS = {}
+RESULTS_FILE = "reliab_results.json"  # written by conftest._module_results
 LEAK_MARKERS = ("memory leak detected", "KV double free", "use-after-free", "Traceback")
 BASE_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
              "--cuda-graph-backend-prefill", "disabled", "--mem-fraction-static", "0.4",
              "--cuda-graph-max-bs-decode", "8", "--context-length", "4096", "--random-seed", "0"]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target = os.path.join(MODELS, "llama-pair")
-    if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "accept_pair.py"), MODELS],
-                       check=True)
-    with open(os.path.join(target, "pair_maps.json")) as f:
-        maps = json.load(f)
-    yield target, target + "-eagle3", maps
-    os.makedirs(LOG_DIR, exist_ok=True)
-    with open(os.path.join(LOG_DIR, "reliab_results.json"), "w") as f:
-        json.dump(RESULTS, f, indent=1, default=str)
 
 
 class _Server:
