@@ -17,6 +17,7 @@
 #          default kimi-small-mla:flashmla kimi-small-mla:fa3 llama-small:fa3)
 #   sanitizer  compute-sanitizer memcheck on 16 kernel cases, then on the self-test server
 #          (llama-small, padded buckets); memcheck reports in logs/memcheck_*.txt
+#   profile test/e2e/test_profile_e2e.py (per-phase profile lines, /metrics, advisor on the log)
 #   accept test/e2e/test_accept_length_e2e.py (constructed pair: ours/upstream/eager accept lengths;
 #          ACCEPT_STEPS="1 2 3 5" adds num_steps 1/2/5 on ours; 3-6 server starts)
 #   reliab test/e2e/test_reliability_e2e.py (padding/NaN guard, KV accounting, feature mix, sampling)
@@ -176,6 +177,8 @@ for st in $STAGES; do
           run_stage "native_${mb/:/_}" "${NATIVE_TMO:-220}" \
           python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k graph_equals -p no:cacheprovider $COLLECT
       done ;;
+    profile)
+      run_stage profile "${PROFILE_TMO:-240}" python3 -m pytest -q -rs -m server test/e2e/test_profile_e2e.py -p no:cacheprovider $COLLECT ;;
     accept)
       run_stage accept "${ACCEPT_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_accept_length_e2e.py -p no:cacheprovider $COLLECT ;;
     reliab)
@@ -183,13 +186,13 @@ for st in $STAGES; do
     bench)
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
-    *) say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, accept, reliab, bench)" ;;
+    *) say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, profile, accept, reliab, bench)" ;;
   esac
 done
 
 # ---------------------------------------------------------------- results
 for st in gpu nan mla_kimi-small-mla mla_kimi-k25-small native_kimi-small-mla_flashmla native_kimi-small-mla_fa3 \
-    native_llama-small_fa3 sanitizer_kernel sanitizer_server e2e accept reliab; do
+    native_llama-small_fa3 sanitizer_kernel sanitizer_server e2e profile accept reliab; do
   [ -f "$LOGS/$st.log" ] || continue
   say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
@@ -210,7 +213,7 @@ if s: print("-- ours counters", {k: s.get(k) for k in ("runner", "capture_bs", "
 EOF
 )"
 fi
-for f in accept_results.json reliab_results.json; do [ -f "$LOGS/e2e/$f" ] && cp "$LOGS/e2e/$f" "$OUT/"; done
+for f in accept_results.json reliab_results.json profile_results.json; do [ -f "$LOGS/e2e/$f" ] && cp "$LOGS/e2e/$f" "$OUT/"; done
 if [ -f "$LOGS/bench.log" ]; then
   grep -E '^BENCH mode ' "$LOGS/bench.log" | cut -c1-300 | while read -r l; do say "$l"; done
   grep -E '^RESULT ' "$LOGS/bench.log" | tail -20 | cut -c1-400 >> "$SUMMARY"
