@@ -6,16 +6,19 @@ Two kinds of verify attention inside ``VerifyCudaGraphRunner``'s graphs:
   ``ChainVerifyTritonBackend``, whose TARGET_VERIFY runs the project's split-KV chain kernel
   (``sgl-kernel/sgl_verify_kernel``). Triton's own verify is an extend kernel with no KV split
   (the cause measured in ``docs/benchmarks.md``), so this is where the speed-up comes from.
-* ``native`` (``fa3``, ``flashmla``, ``flashinfer_mla``): the backend's own TARGET_VERIFY is
-  already decode-class for a topk=1 chain (FA3's ``flash_attn_with_kvcache`` and FlashMLA take
-  ``num_draft_tokens`` queries per request over a split-KV paged cache; FlashInfer MLA plans a
-  split-KV decode), so the runner keeps it and adds what it owns: bucket policy, padded rows
-  neutralised, every fallback counted with its reason, the self-test. Not yet run on a GPU.
+* ``native`` (``fa3``; ``flashmla`` and ``flashinfer`` on MLA targets): the backend's own
+  TARGET_VERIFY is already decode-class for a topk=1 chain (FA3's ``flash_attn_with_kvcache`` and
+  FlashMLA take ``num_draft_tokens`` queries per request over a split-KV paged cache; SGLang's
+  ``flashinfer`` factory gives MLA models ``FlashInferMLAAttnBackend``, a split-KV MLA decode),
+  so the runner keeps it and adds what it owns: bucket policy, padded rows neutralised, every
+  fallback counted with its reason, the self-test. Not yet run on a GPU. FlashInfer for MHA
+  targets (``FlashInferAttnBackend``: a prefill kernel with a tree mask) is not served.
 
-``flashmla`` and ``flashinfer_mla`` serve MLA only. An MHA EAGLE-3 draft (``LlamaForCausalLMEagle3``)
-inherits the target's backend unless ``--speculative-draft-attention-backend`` says otherwise,
-and SGLang 0.5.16 then fails at draft backend init (``'ModelConfig' object has no attribute
+``flashmla`` serves MLA only. An MHA EAGLE-3 draft (``LlamaForCausalLMEagle3``) inherits the
+target's backend unless ``--speculative-draft-attention-backend`` says otherwise, and SGLang
+0.5.16 then fails at draft backend init (``'ModelConfig' object has no attribute
 'kv_lora_rank'``, issue #3 trap (b)): :func:`check_draft_backend` stops the launch first.
+(``flashinfer`` builds the MHA backend for an MHA draft, so the trap does not apply there.)
 """
 
 from __future__ import annotations
@@ -29,16 +32,19 @@ from sglang_verify_graph.config import VerifyGraphConfigError
 CHAIN_BACKENDS: Tuple[str, ...] = ("triton",)
 """Backends whose TARGET_VERIFY the plugin replaces with the split-KV chain kernel."""
 
-NATIVE_BACKENDS: Tuple[str, ...] = ("fa3", "flashmla", "flashinfer_mla")
+NATIVE_BACKENDS: Tuple[str, ...] = ("fa3", "flashmla", "flashinfer")
 """Backends whose own (decode-class) TARGET_VERIFY the plugin's graph replays."""
 
-MLA_ONLY_BACKENDS: Tuple[str, ...] = ("flashmla", "flashinfer_mla")
+MLA_ONLY_BACKENDS: Tuple[str, ...] = ("flashmla",)
 """Backends that serve MLA models only (an MHA draft cannot run on them)."""
+
+MLA_TARGET_ONLY: Tuple[str, ...] = ("flashmla", "flashinfer")
+"""Native backends the verify graph serves for MLA targets only."""
 
 NATIVE_BACKEND_CLASSES = {
     "fa3": ("FlashAttentionBackend",),
     "flashmla": ("FlashMLABackend",),
-    "flashinfer_mla": ("FlashInferMLAAttnBackend",),
+    "flashinfer": ("FlashInferMLAAttnBackend",),
 }
 """SGLang 0.5.16 class names of each native backend (``layers/attention/*``); a target whose
 backend object is anything else (e.g. a hybrid wrapper) is refused at capture."""
@@ -83,9 +89,11 @@ def check_attention(sa: Any) -> Tuple[str, str]:
             f"supports the {_NAMES} attention backends for target verify",
             "--attention-backend", base, "pass --attention-backend triton")
     if prefill != decode:
+        given = ("--prefill-attention-backend", prefill, decode) if getattr(
+            sa, "prefill_attention_backend", None) else ("--decode-attention-backend", decode, prefill)
         raise VerifyGraphConfigError(
-            f"needs one attention backend for prefill and decode (prefill is {prefill}; with two, "
-            "target verify could run on either)", "--decode-attention-backend", decode,
+            f"needs one attention backend for prefill and decode (the other phase uses "
+            f"{given[2]}; with two, target verify could run on either)", given[0], given[1],
             f"pass only --attention-backend {decode}")
     return decode, verify_attention_kind(decode)
 
@@ -99,13 +107,27 @@ def _local_config(path: Optional[str]) -> Optional[dict]:
 
 
 def draft_is_mla(draft_path: Optional[str]) -> Optional[bool]:
-    """Whether the draft checkpoint at ``draft_path`` (a local folder) uses MLA attention
-    (its config has ``kv_lora_rank``, e.g. ``Eagle3DeepseekV2ForCausalLM``); ``None`` when the
-    path is not a local folder with a config.json (a hub id: not checked here)."""
+    """Whether the checkpoint (target or draft) at ``draft_path`` (a local folder) uses MLA
+    attention (its config, or its ``text_config``, has ``kv_lora_rank``: DeepSeek-V3, Kimi-K2.5,
+    ``Eagle3DeepseekV2ForCausalLM``); ``None`` when the path is not a local folder with a
+    config.json (a hub id: not checked here)."""
     cfg = _local_config(draft_path)
     if cfg is None:
         return None
     return cfg.get("kv_lora_rank") is not None
+
+
+def check_target(sa: Any, backend: str) -> None:
+    """Raises VerifyGraphConfigError when ``backend`` is in :data:`MLA_TARGET_ONLY` and the target
+    (``--model-path``, when a local folder) is not an MLA model."""
+    if backend not in MLA_TARGET_ONLY:
+        return
+    if draft_is_mla(getattr(sa, "model_path", None)) is not False:
+        return
+    raise VerifyGraphConfigError(
+        f"serves {backend} verify only for MLA targets (DeepSeek-V3 / Kimi-K2.5 class); this "
+        "target has no MLA", "--attention-backend", backend,
+        "pass --attention-backend triton (or fa3)")
 
 
 def check_draft_backend(sa: Any, backend: str) -> None:

@@ -63,7 +63,8 @@ PROFILE_HELP = (
     "timed with CUDA events read back without synchronizing: every N cycles each scheduler "
     "rank logs one 'verify_graph_profile ...' line (readable by python -m "
     "sglang_verify_graph.advisor --from-log) and, with --enable-metrics, exports "
-    "sglang_verify_graph_* Prometheus metrics. 0 (default) = off. Works with or without "
+    "sglang_verify_graph_* Prometheus metrics. 0 = off (the default, unless "
+    f"{ENV_PROFILE_EVERY} is set; a different value there is an error). Works with or without "
     f"{FLAG}. Python API: set {ENV_PROFILE_EVERY}=N before sglang.Engine(...)."
 )
 
@@ -88,7 +89,8 @@ HELP = (
     "Replay the EAGLE-3 target verify of a linear draft chain through a dedicated "
     "CUDA graph with split-KV chain attention. Requires --speculative-algorithm "
     "EAGLE3 (or EAGLE) with --speculative-eagle-topk 1, --attention-backend triton "
-    "and decode CUDA graphs enabled; not yet supported with DP attention, pipeline "
+    "(the split-KV chain kernel; fa3, and flashmla / flashinfer on MLA targets, keep their own "
+    "verify kernels) and decode CUDA graphs enabled; not yet supported with DP attention, pipeline "
     "parallelism, two-batch overlap or --speculative-adaptive. Python API: set "
     f"{ENV_ENABLE}=1 before sglang.Engine(...)."
 )
@@ -114,7 +116,7 @@ def add_cli_args_hook(result: Any, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(FLAG, dest=DEST, action="store_true", default=False, help=HELP)
     if PROFILE_FLAG not in actions:
         parser.add_argument(PROFILE_FLAG, dest=PROFILE_DEST, type=profile_every_value,
-                            default=0, metavar="N", help=PROFILE_HELP)
+                            default=None, metavar="N", help=PROFILE_HELP)
     return None
 
 
@@ -125,7 +127,8 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
     ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` into ``os.environ`` *before* building
     the ``ServerArgs`` (so :func:`post_init_hook` validates it and the spawned
     scheduler processes inherit it), likewise ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY=N``
-    for ``--verify-graph-profile-every N`` (N > 0), then builds it with ``original(cls, args)``
+    for ``--verify-graph-profile-every N`` (N >= 0; 0 = off; a different value already in the
+    environment is a conflict), then builds it with ``original(cls, args)``
     and sets the attribute ``_enable_verify_cuda_graph`` on the result.
 
     Args:
@@ -148,7 +151,7 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
             ``no``, ``off``): two sources that disagree, so neither silently wins.
     """
     requested = bool(getattr(args, DEST, False))
-    profile_every = getattr(args, PROFILE_DEST, 0) or 0
+    profile_every = getattr(args, PROFILE_DEST, None)  # None: not given on the command line
     try:
         if requested and read_env().enable_set_off:
             raise VerifyGraphConfigError(
@@ -157,7 +160,13 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
                 f"unset {ENV_ENABLE} or remove {FLAG}")
         if requested:
             os.environ[ENV_ENABLE] = "1"
-        if profile_every:
+        if profile_every is not None:
+            env_every = read_env().profile_every if os.environ.get(ENV_PROFILE_EVERY, "").strip() else None
+            if env_every is not None and env_every != profile_every:
+                raise VerifyGraphConfigError(
+                    f"the profile interval is {profile_every} on the command line but {env_every} "
+                    f"in {ENV_PROFILE_EVERY}", PROFILE_FLAG, profile_every,
+                    f"unset {ENV_PROFILE_EVERY} or pass {PROFILE_FLAG} {env_every}")
             # Like the flag: the scheduler processes inherit the variable (config.read_env).
             os.environ[ENV_PROFILE_EVERY] = str(int(profile_every))
         server_args = original(cls, args)

@@ -59,7 +59,7 @@ ATTR_ENABLE = "_enable_verify_cuda_graph"
 ATTR_CONFIG = "_verify_cuda_graph_config"
 """Underscore attribute holding the validated :class:`VerifyGraphConfig` (set by the post-init hook)."""
 
-SUPPORTED_ATTENTION_BACKENDS: Tuple[str, ...] = ("triton", "fa3", "flashmla", "flashinfer_mla")
+SUPPORTED_ATTENTION_BACKENDS: Tuple[str, ...] = ("triton", "fa3", "flashmla", "flashinfer")
 """Attention backends (resolved ``ServerArgs`` values) the verify graph supports; the policy
 (chain kernel for triton, the backend's own verify for the others) is in ``backends.py``."""
 
@@ -245,8 +245,9 @@ class VerifyGraphConfig:
         selftest: run the in-server graph-vs-eager self-test (``SGLANG_VERIFY_GRAPH_SELFTEST``).
         selftest_nan: with ``selftest``, NaN in every padded row during replays
             (``SGLANG_VERIFY_GRAPH_SELFTEST_NAN``).
-        verify_attention: ``"chain"`` (triton: the split-KV chain kernel) or ``"native"`` (fa3,
-            flashmla, flashinfer_mla: the backend's own verify kernel), see ``backends.py``.
+        verify_attention: ``"chain"`` (triton: the split-KV chain kernel) or ``"native"`` (fa3;
+            flashmla, flashinfer on MLA targets: the backend's own verify kernel), see
+            ``backends.py``.
     """
 
     num_steps: int
@@ -423,9 +424,10 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         return None
     algo = _check_algorithm(server_args)
     steps, topk, ndt = _check_steps(server_args)
-    from sglang_verify_graph.backends import check_attention, check_draft_backend
+    from sglang_verify_graph.backends import check_attention, check_draft_backend, check_target
 
     attention, verify_attention = check_attention(server_args)
+    check_target(server_args, attention)
     check_draft_backend(server_args, attention)
     graph_backend = _check_cuda_graph(server_args)
     _check_parallel(server_args)

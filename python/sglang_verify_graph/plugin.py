@@ -20,7 +20,10 @@ logger = logging.getLogger("sglang_verify_graph")
 def register() -> None:
     """Register and verify the plugin's hooks (the per-phase profile hooks where
     ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0). Raises SystemExit(1) when the flag or the profile
-    is requested (command line or environment) but a hook did not take effect."""
+    is requested (command line or environment) but a hook did not take effect. A malformed
+    ``SGLANG_VERIFY_GRAPH_*`` variable installs the CLI hooks only, so that the server-args
+    validation reports it (one line and exit 2 on the command line, ``VerifyGraphConfigError`` from
+    ``sglang.Engine``)."""
     from sglang_verify_graph import sglang_adapter
     from sglang_verify_graph.config import FLAG, VerifyGraphConfigError, read_env
 
@@ -28,8 +31,16 @@ def register() -> None:
         env = read_env()
         enabled_here = env.enable
     except VerifyGraphConfigError as e:  # a malformed SGLANG_VERIFY_GRAPH_* variable
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        # Install the CLI hooks only: the validation point (ServerArgs.__post_init__ /
+        # resolve_once) reads the environment again and raises the same error, which the
+        # command line turns into one line and exit 2 and sglang.Engine(...) raises as
+        # VerifyGraphConfigError (a SystemExit here would end the user's program).
+        logger.error("sglang_verify_graph: %s", e)
+        missing = sglang_adapter.register(runtime=False)
+        if missing:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        return
     profile_here = env.profile_every > 0
     missing = sglang_adapter.register(runtime=enabled_here, profile=profile_here,
                                       sync_check=env.sync_check)

@@ -8,7 +8,7 @@ pool, replay. What differs from upstream's graphed TARGET_VERIFY:
 
 * attention is the split-KV chain kernel of ``ChainVerifyTritonBackend`` (decode-class: KV read
   once per split for all ``num_draft_tokens`` queries of a KV head; no tree mask), or, for the
-  native backends of ``backends.py`` (fa3, flashmla, flashinfer_mla), the backend's own
+  native backends of ``backends.py`` (fa3; flashmla and flashinfer on MLA targets), the backend's own
   decode-class verify kernel (not yet run on a GPU);
 * no per-replay attention metadata (no kv_indices build, no mask copy);
 * every replay and every eager fallback is counted, each fallback with its reason, and the

@@ -3,7 +3,7 @@
 Failure modes guarded: a backend the graph cannot serve starting a server that silently runs
 upstream's verify; a hybrid prefill/decode backend routing TARGET_VERIFY through the other
 phase's backend; issue #3 trap (b): an MHA EAGLE-3 draft on an MLA-only target backend
-(``flashmla``/``flashinfer_mla``), which SGLang 0.5.16 lets start and then crashes at draft
+(``flashmla``), which SGLang 0.5.16 lets start and then crashes at draft
 backend init (``'ModelConfig' object has no attribute 'kv_lora_rank'``); the chain kernel's
 limits (quantized KV) wrongly applied to native backends; the capture hook giving our runner to
 a backend object of the wrong class.
@@ -21,13 +21,13 @@ ON = EnvSettings(enable=True)
 
 
 @pytest.mark.parametrize("name,kind", [("triton", "chain"), ("fa3", "native"),
-                                       ("flashmla", "native"), ("flashinfer_mla", "native")])
+                                       ("flashmla", "native"), ("flashinfer", "native")])
 def test_supported_backends_and_kind(make_args, name, kind, mla_draft):
     cfg = build_config(make_args(attention_backend=name, speculative_draft_model_path=mla_draft), ON)
     assert cfg.attention_backend == name and cfg.verify_attention == kind
 
 
-@pytest.mark.parametrize("name", ["flashinfer", "torch_native", "trtllm_mla", "cutlass_mla"])
+@pytest.mark.parametrize("name", ["flashinfer_mla", "torch_native", "trtllm_mla", "cutlass_mla"])
 def test_unsupported_backend_names_the_flag(make_args, name):
     with pytest.raises(VerifyGraphConfigError) as info:
         build_config(make_args(attention_backend=name), ON)
@@ -37,7 +37,11 @@ def test_unsupported_backend_names_the_flag(make_args, name):
 def test_prefill_and_decode_must_agree(make_args):
     with pytest.raises(VerifyGraphConfigError) as info:
         build_config(make_args(attention_backend="fa3", prefill_attention_backend="triton"), ON)
-    assert info.value.flag == "--decode-attention-backend" and "prefill is triton" in str(info.value)
+    assert info.value.flag == "--prefill-attention-backend"  # the flag the user gave
+    assert info.value.value == "triton" and "the other phase uses fa3" in str(info.value)
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(decode_attention_backend="fa3"), ON)
+    assert info.value.flag == "--decode-attention-backend" and info.value.value == "fa3"
 
 
 def test_quantized_kv_refused_for_the_chain_kernel_only(make_args, mla_draft):
@@ -59,7 +63,7 @@ def mla_draft(tmp_path):
     return str(d)
 
 
-@pytest.mark.parametrize("backend", ["flashmla", "flashinfer_mla"])
+@pytest.mark.parametrize("backend", ["flashmla"])
 def test_mha_draft_on_mla_only_backend_stops(make_args, tiny_model_dirs, backend):
     _, llama_draft = tiny_model_dirs
     with pytest.raises(VerifyGraphConfigError) as info:
@@ -173,3 +177,19 @@ def test_real_cli_flashmla_drafter_kinds(kimi_models, draft, extra, expect):
                                                               proc.stderr[-2000:])
     assert proc.returncode == (2 if expect.startswith("error") else 0)
     assert "Traceback" not in proc.stderr
+
+
+def test_flashinfer_and_flashmla_are_for_mla_targets_only(make_args, tiny_model_dirs, mla_draft):
+    """SGLang's ``flashinfer`` factory gives MLA models FlashInferMLAAttnBackend (decode-class) and
+    MHA models a tree-masked prefill kernel, which the graph does not serve."""
+    llama_target, llama_draft = tiny_model_dirs
+    for backend in ("flashinfer", "flashmla"):
+        with pytest.raises(VerifyGraphConfigError) as info:
+            build_config(make_args(attention_backend=backend, model_path=llama_target,
+                                   speculative_draft_model_path=mla_draft), ON)
+        assert info.value.flag == "--attention-backend" and "only for MLA targets" in str(info.value)
+    # an MHA draft is fine on flashinfer (SGLang builds the MHA backend for it)
+    cfg = build_config(make_args(attention_backend="flashinfer", model_path=mla_draft,
+                                 speculative_draft_model_path=llama_draft), ON)
+    assert cfg.verify_attention == "native"
+    assert backends.NATIVE_BACKEND_CLASSES["flashinfer"] == ("FlashInferMLAAttnBackend",)

@@ -162,7 +162,7 @@ def test_post_init_hook_enabled_by_env(make_args, monkeypatch):
 
 def test_post_init_hook_raises_on_bad_settings(make_args):
     with pytest.raises(VerifyGraphConfigError) as info:
-        cli.post_init_hook(None, make_args(attention_backend="flashinfer"))
+        cli.post_init_hook(None, make_args(attention_backend="torch_native"))
     assert info.value.flag == "--attention-backend"
 
 

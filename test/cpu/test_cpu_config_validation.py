@@ -41,18 +41,18 @@ BAD = [
      "--speculative-num-steps", "0", "--speculative-num-steps N"),
     ("ndt-mismatch", dict(speculative_num_draft_tokens=6), "--speculative-num-draft-tokens",
      "6", "--speculative-num-draft-tokens 4"),
-    ("flashinfer", dict(attention_backend="flashinfer"), "--attention-backend", "flashinfer",
-     "--attention-backend triton"),
+    ("torch_native", dict(attention_backend="torch_native"), "--attention-backend",
+     "torch_native", "--attention-backend triton"),
     ("trtllm_mha", dict(attention_backend="trtllm_mha"), "--attention-backend", "trtllm_mha",
      "--attention-backend triton"),
     ("backend-unresolved", dict(attention_backend=None), "--attention-backend", "None",
      "--attention-backend triton"),
-    ("decode-override", dict(decode_attention_backend="flashinfer"),
-     "--decode-attention-backend", "flashinfer", "--decode-attention-backend triton"),
-    ("prefill-override", dict(prefill_attention_backend="flashinfer"),
-     "--prefill-attention-backend", "flashinfer", "--prefill-attention-backend triton"),
+    ("decode-override", dict(decode_attention_backend="torch_native"),
+     "--decode-attention-backend", "torch_native", "--decode-attention-backend triton"),
+    ("prefill-override", dict(prefill_attention_backend="trtllm_mha"),
+     "--prefill-attention-backend", "trtllm_mha", "--prefill-attention-backend triton"),
     ("prefill-decode-differ", dict(prefill_attention_backend="fa3"),
-     "--decode-attention-backend", "triton", "pass only --attention-backend triton"),
+     "--prefill-attention-backend", "fa3", "pass only --attention-backend triton"),
     ("disable-cuda-graph", dict(disable_cuda_graph=True, cuda_graph_config=DISABLED_GRAPHS),
      "--disable-cuda-graph", "True", "remove --disable-cuda-graph"),
     ("disable-decode-graph",
@@ -124,7 +124,7 @@ def test_triton_everywhere_via_overrides_is_accepted(make_args):
     args = make_args(attention_backend="flashinfer", prefill_attention_backend="triton",
                      decode_attention_backend="triton")
     assert build_config(args, ON).attention_backend == "triton"
-    assert SUPPORTED_ATTENTION_BACKENDS == ("triton", "fa3", "flashmla", "flashinfer_mla")
+    assert SUPPORTED_ATTENTION_BACKENDS == ("triton", "fa3", "flashmla", "flashinfer")
 
 
 def test_legacy_disable_flag_loses_to_resolved_config(make_args):

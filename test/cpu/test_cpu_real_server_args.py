@@ -72,7 +72,7 @@ def test_real_ndt_is_resolved_to_steps_plus_one(real_args):
     (dict(cuda_graph_backend_decode="disabled"), "--cuda-graph-backend-decode"),
     (dict(cuda_graph_config={"decode": {"backend": "disabled"}}), "--cuda-graph-config"),
     (dict(attention_backend="torch_native"), "--attention-backend"),
-    (dict(decode_attention_backend="flashinfer"), "--decode-attention-backend"),
+    (dict(decode_attention_backend="torch_native"), "--decode-attention-backend"),
     (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
 ], ids=["no-spec", "topk4", "adaptive", "disable-cuda-graph", "disable-decode-graph",
         "graph-backend-decode", "graph-config-json", "torch-native", "decode-override", "tbo"])
@@ -174,3 +174,44 @@ def test_engine_style_kwargs_with_env(tiny_model_dirs):
     assert proc.returncode == 1 and result is None
     assert "VerifyGraphConfigError" in proc.stderr
     assert "(--attention-backend = torch_native). Fix: pass --attention-backend triton." in proc.stderr
+
+
+_ENGINE_DRIVER = textwrap.dedent("""
+    import json, sys
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import ServerArgs
+    try:
+        sa = ServerArgs(**json.loads(sys.argv[1]))
+        if hasattr(sa, "resolve_once"):
+            sa.resolve_once()
+        print("RESULT ok")
+    except Exception as e:
+        print("RESULT raised " + type(e).__name__ + ": " + str(e))
+""")
+
+
+def test_malformed_env_is_an_error_not_an_exit(tiny_model_dirs):
+    """README: a malformed SGLANG_VERIFY_GRAPH_* variable is one `error:` line and exit 2 on the
+    command line, and VerifyGraphConfigError from sglang.Engine-style construction (a SystemExit
+    in the plugin would end the user's program instead)."""
+    target, draft = tiny_model_dirs
+    env = {k: v for k, v in os.environ.items()
+           if k not in (ENV_ENABLE, "SGLANG_PLUGINS") and not k.startswith("SGLANG_VERIFY_GRAPH_")}
+    env["SGLANG_VERIFY_GRAPH_LOG_EVERY"] = "abc"
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, "cli", *_argv(tiny_model_dirs, FLAG)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "SGLANG_VERIFY_GRAPH_LOG_EVERY" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    kwargs = dict(model_path=target, device="cpu", skip_tokenizer_init=True,
+                  speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                  speculative_num_steps=2, speculative_eagle_topk=1,
+                  speculative_num_draft_tokens=3, attention_backend="triton")
+    env[ENV_ENABLE] = "1"
+    proc = subprocess.run([sys.executable, "-c", _ENGINE_DRIVER, json.dumps(kwargs)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    assert line.startswith("RESULT raised VerifyGraphConfigError: ") and "LOG_EVERY" in line, line

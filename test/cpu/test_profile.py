@@ -231,7 +231,7 @@ def test_flag_parses_and_is_exported(monkeypatch):
     ServerArgs.add_cli_args(parser)
     cli.add_cli_args_hook(None, parser)
     cli.add_cli_args_hook(None, parser)  # idempotent
-    assert parser.parse_args(["--model-path", "m"]).verify_graph_profile_every == 0
+    assert parser.parse_args(["--model-path", "m"]).verify_graph_profile_every is None  # not given
     args = parser.parse_args(["--model-path", "m", cli.PROFILE_FLAG, "25"])
     assert args.verify_graph_profile_every == 25
     with pytest.raises(SystemExit):
@@ -247,6 +247,33 @@ def test_flag_parses_and_is_exported(monkeypatch):
     monkeypatch.delenv(ENV_PROFILE_EVERY)
     cli.from_cli_args_hook(original, ServerArgs, parser.parse_args(["--model-path", "m"]))
     assert seen["env"] is None
+
+
+def test_profile_flag_and_env_must_agree(monkeypatch, capsys):
+    """``SGLANG_VERIFY_GRAPH_PROFILE_EVERY=7`` with ``--verify-graph-profile-every 0`` (or 5): two
+    sources that disagree stop the launch instead of one silently winning; equal values pass,
+    and an explicit 0 alone turns the profile off."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    cli.add_cli_args_hook(None, parser)
+    original = lambda cls, a: SimpleNamespace()  # noqa: E731
+    monkeypatch.setenv(ENV_PROFILE_EVERY, "7")
+    for given in ("0", "5"):
+        with pytest.raises(SystemExit) as info:
+            cli.from_cli_args_hook(original, ServerArgs,
+                                   parser.parse_args(["--model-path", "m", cli.PROFILE_FLAG, given]))
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"but 7 in {ENV_PROFILE_EVERY}" in err
+        assert f"({cli.PROFILE_FLAG} = {given})" in err
+    cli.from_cli_args_hook(original, ServerArgs,
+                           parser.parse_args(["--model-path", "m", cli.PROFILE_FLAG, "7"]))
+    monkeypatch.delenv(ENV_PROFILE_EVERY)
+    cli.from_cli_args_hook(original, ServerArgs,
+                           parser.parse_args(["--model-path", "m", cli.PROFILE_FLAG, "0"]))
+    assert read_env().profile_every == 0
 
 
 _DRIVER = r"""

@@ -113,9 +113,9 @@ def test_validation_error_is_one_line_exit_2(tiny_model_dirs):
     proc, out = _run(_argv(tiny_model_dirs, "--attention-backend", "flashinfer"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert errors == [f"error: {FLAG}: supports the triton, fa3, flashmla, flashinfer_mla attention "
-                      "backends for target verify (--attention-backend = flashinfer). Fix: pass "
-                      "--attention-backend triton."]
+    assert errors == [f"error: {FLAG}: serves flashinfer verify only for MLA targets (DeepSeek-V3 / "
+                      "Kimi-K2.5 class); this target has no MLA (--attention-backend = flashinfer). "
+                      "Fix: pass --attention-backend triton (or fa3)."]
     assert "Traceback" not in proc.stderr
 
 

@@ -38,7 +38,7 @@ MODEL = os.environ.get("VERIFY_GRAPH_SELFTEST_MODEL", "llama-small")  # or kimi-
 # kimi-small-mla / kimi-k25-small (make_models.py); llama-pair (accept_pair.py: real weights, so no
 # --load-format dummy; its ids never reach the padding token 0, which the NaN mode needs)
 REAL_WEIGHTS = os.path.isfile(os.path.join(MODELS, MODEL, "model.safetensors"))
-# triton (the chain kernel) or a native backend of backends.py: fa3, flashmla, flashinfer_mla
+# triton (the chain kernel) or a native backend of backends.py: fa3, flashmla, flashinfer (MLA targets)
 BACKEND = os.environ.get("VERIFY_GRAPH_SELFTEST_BACKEND", "triton")
 
 
