@@ -67,6 +67,23 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
                               else f"native {cfg.attention_backend} ({type(backend).__name__})")
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
         self.selftest = GraphSelfTest(self, inject_nan=cfg.selftest_nan) if cfg.selftest else None
+        if not self.chain:
+            self._count_native_eager_verify(backend)
+
+    def _count_native_eager_verify(self, backend) -> None:
+        """Native backends: count each eager TARGET_VERIFY (a refused batch) with the refusal
+        reason, as ``ChainVerifyTritonBackend.init_forward_metadata`` does for the chain kernel
+        (graph replays never call ``init_forward_metadata``; the self-test's own eager reference
+        sets ``selftest_eager`` and is not counted)."""
+        original, counters = backend.init_forward_metadata, self.counters
+
+        def init_forward_metadata(forward_batch):
+            if (forward_batch.forward_mode.is_target_verify()
+                    and not getattr(backend, "selftest_eager", False)):
+                counters.count_eager_verify()
+            return original(forward_batch)
+
+        backend.init_forward_metadata = init_forward_metadata
 
     # ---- policy ---------------------------------------------------------------------------
     def can_run_graph(self, forward_batch) -> bool:

@@ -101,7 +101,11 @@ class GraphSelfTest:
         logits = graph_out.next_token_logits.clone()
         hidden = graph_out.hidden_states.clone() if graph_out.hidden_states is not None else None
         if not getattr(runner, "chain", True):  # native backend: its own eager verify
-            backend.init_forward_metadata(forward_batch)
+            backend.selftest_eager = True  # not an eager fallback (runner counts those)
+            try:
+                backend.init_forward_metadata(forward_batch)
+            finally:
+                backend.selftest_eager = False
             ref = runner.model_runner.model.forward(
                 forward_batch.input_ids, forward_batch.positions, forward_batch)
         else:

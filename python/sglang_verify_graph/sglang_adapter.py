@@ -220,15 +220,22 @@ def refuse_if_flag_lost(model_runner) -> None:
     a hybrid linear-attention / sparse model. Raises VerifyGraphConfigError."""
     if model_runner is None or not is_eagle_topk1_target(model_runner):
         return
-    if _config_for(model_runner) is None:
+    cfg = _config_for(model_runner)
+    if cfg is None:
         return
+    from sglang_verify_graph.backends import NATIVE_BACKEND_CLASSES
     from sglang_verify_graph.config import VerifyGraphConfigError
 
+    backend = getattr(cfg, "attention_backend", "triton")
+    expected = ("ChainVerifyTritonBackend",) if getattr(cfg, "verify_attention", "chain") == "chain" \
+        else NATIVE_BACKEND_CLASSES.get(backend, ())
     raise VerifyGraphConfigError(
-        problem="the target's attention backend is not one the verify graph serves "
-                "(this model needs an attention wrapper the verify graph does not support)",
+        problem=f"with --attention-backend {backend} the verify graph serves "
+                f"{' / '.join(expected)}, but this model got another attention backend "
+                "(an attention wrapper, e.g. hybrid linear or sparse attention, or for "
+                "flashinfer/flashmla a target without MLA)",
         flag="attention backend", value=type(getattr(model_runner, "attn_backend", None)).__name__,
-        fix="remove --enable-verify-cuda-graph for this model")
+        fix="pass --attention-backend triton, or remove --enable-verify-cuda-graph for this model")
 
 
 def capture_verify_runner(model_runner, build: Callable):
