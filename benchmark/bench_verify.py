@@ -2,7 +2,7 @@
 """Per-step GPU time of the EAGLE-3 (topk 1) target verify: ours vs upstream vs plain decode.
 
     python3 benchmark/bench_verify.py [--model llama-8b|llama-small|kimi-small]
-        [--contexts 1024,8192] [--batch-sizes 1,8] [--new-tokens 64] [--steps 2]
+        [--contexts 1024,8192] [--batch-sizes 1,8] [--new-tokens 64] [--steps 2 | --steps 1,2,3,5]
         [--modes ours,upstream,plain] [--out results.json] [--quick]
 
 Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory is freed between):
@@ -166,6 +166,14 @@ def _hardware() -> str:
         return f"nvidia-smi unavailable: {ex}"
 
 
+def mode_key(a, mode: str, num_steps: int) -> str:
+    """Key of one engine run in ``modes``: the mode name with one ``--steps`` value (as before),
+    ``mode@num_steps`` in a num_steps sweep; ``plain`` (no speculation) runs once."""
+    if mode == "plain" or len(a.steps_list) == 1:
+        return mode
+    return f"{mode}@{num_steps}"
+
+
 def _g(modes, mode, ctx, bs, role, field="gpu_ms"):
     for ph in (modes.get(mode) or {}).get("phases", []):
         if ph["context"] == ctx and ph["bs"] == bs:
@@ -176,19 +184,29 @@ def _g(modes, mode, ctx, bs, role, field="gpu_ms"):
 def build_rows(a, modes: dict) -> list:
     rows = []
     div = lambda x, y: round(x / y, 3) if x is not None and y else None  # noqa: E731
+    for k in a.steps_list:
+        rows += _rows_for_steps(a, modes, k, div)
+    return rows
+
+
+def _rows_for_steps(a, modes: dict, k: int, div) -> list:
+    rows = []
+    key = {m: mode_key(a, m, k) for m in MODES}
+    g = lambda m, *x, **kw: _g(modes, key[m], *x, **kw)  # noqa: E731
     for ctx in a.contexts:
         for bs in a.batch_sizes:
-            r = {"model": a.model, "context": ctx, "bs": bs, "decode_ms": _g(modes, "plain", ctx, bs, "target_decode")}
+            r = {"model": a.model, "num_steps": k, "context": ctx, "bs": bs,
+                 "decode_ms": g("plain", ctx, bs, "target_decode")}
             for m in ("upstream", "ours"):
-                r[f"{m}_verify_ms"] = _g(modes, m, ctx, bs, "target_verify")
-                parts = [_g(modes, m, ctx, bs, x) for x in ("draft_decode", "target_verify", "draft_extend")]
+                r[f"{m}_verify_ms"] = g(m, ctx, bs, "target_verify")
+                parts = [g(m, ctx, bs, x) for x in ("draft_decode", "target_verify", "draft_extend")]
                 r[f"{m}_cycle_ms"] = round(sum(parts), 4) if all(p is not None for p in parts) else None
                 r[f"{m}_verify_per_decode"] = div(r[f"{m}_verify_ms"], r["decode_ms"])
                 r[f"{m}_cycle_per_decode"] = div(r[f"{m}_cycle_ms"], r["decode_ms"])
-                r[f"{m}_e2e_ms_per_step"] = _g(modes, m, ctx, bs, "e2e")
-                r[f"{m}_verify_host_ms"] = _g(modes, m, ctx, bs, "target_verify", "host_ms")
-            r["plain_e2e_ms_per_step"] = _g(modes, "plain", ctx, bs, "e2e")
-            r["ours_profile_e2e_ms_per_step"] = _g(modes, "ours_profile", ctx, bs, "e2e")
+                r[f"{m}_e2e_ms_per_step"] = g(m, ctx, bs, "e2e")
+                r[f"{m}_verify_host_ms"] = g(m, ctx, bs, "target_verify", "host_ms")
+            r["plain_e2e_ms_per_step"] = g("plain", ctx, bs, "e2e")
+            r["ours_profile_e2e_ms_per_step"] = g("ours_profile", ctx, bs, "e2e")
             ovh = div(r["ours_profile_e2e_ms_per_step"], r["ours_e2e_ms_per_step"])
             r["profile_overhead"] = round(ovh - 1, 4) if ovh is not None else None
             r["ours_per_upstream_verify"] = div(r["ours_verify_ms"], r["upstream_verify_ms"])
@@ -198,7 +216,7 @@ def build_rows(a, modes: dict) -> list:
 
 
 def format_table(rows, meta) -> str:
-    cols = [("context", "ctx"), ("bs", "bs"), ("decode_ms", "decode"), ("upstream_verify_ms", "up_verify"),
+    cols = [("num_steps", "steps"), ("context", "ctx"), ("bs", "bs"), ("decode_ms", "decode"), ("upstream_verify_ms", "up_verify"),
             ("ours_verify_ms", "our_verify"), ("upstream_verify_per_decode", "up_v/dec"),
             ("ours_verify_per_decode", "our_v/dec"), ("ours_per_upstream_verify", "our/up"),
             ("upstream_cycle_ms", "up_cycle"), ("ours_cycle_ms", "our_cycle"), ("upstream_cycle_per_decode", "up_c/dec"),
@@ -266,7 +284,7 @@ def run_parent(a) -> int:
     modes, child = {}, {"p": None}
     meta = {"model": a.model, "hardware": _hardware(), "versions": _versions(), "mode_status": {},
             "command": shlex.join([sys.executable] + sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "flags": f"contexts={a.contexts} batch_sizes={a.batch_sizes} new_tokens={a.new_tokens} steps={a.steps} "
+            "flags": f"contexts={a.contexts} batch_sizes={a.batch_sizes} new_tokens={a.new_tokens} steps={a.steps_list} "
                      f"attention_backend={a.attention_backend} mem={a.mem} modes={a.modes}"}
 
     def finish(code, show=True):
@@ -286,11 +304,15 @@ def run_parent(a) -> int:
         sys.exit(finish(124))
 
     signal.signal(signal.SIGTERM, on_term)
-    for mode in a.modes:
-        jf, log = os.path.join(log_dir, f"bench_{mode}.json"), os.path.join(log_dir, f"bench_{mode}.log")
+    runs = [(mode, k) for k in a.steps_list for mode in a.modes
+            if mode != "plain" or k == a.steps_list[0]]
+    for mode, k in runs:
+        key = mode_key(a, mode, k)
+        jf, log = os.path.join(log_dir, f"bench_{key}.json"), os.path.join(log_dir, f"bench_{key}.log")
         if os.path.exists(jf):
             os.remove(jf)
-        cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--child", mode, "--child-out", jf]
+        cmd = ([sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+               + ["--steps", str(k), "--child", mode, "--child-out", jf])
         t0 = time.time()
         with open(log, "w") as lf:
             child["p"] = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
@@ -303,12 +325,13 @@ def run_parent(a) -> int:
         if rc != 0 and res.get("ok") is not True:
             tail = open(log, errors="replace").read().splitlines()[-25:]
             res.setdefault("error", f"rc={rc}; " + " | ".join(ln for ln in tail if "rror" in ln)[-600:])
-            print(f"BENCH mode {mode} failed rc={rc}; last lines of {log}:\n  " + "\n  ".join(tail), flush=True)
+            print(f"BENCH mode {key} failed rc={rc}; last lines of {log}:\n  " + "\n  ".join(tail), flush=True)
         if mode == "ours_profile":
-            meta["profile_lines"] = profile_lines(log)
-        modes[mode] = res
-        meta["mode_status"][mode] = _mode_status(res) + f" ({time.time() - t0:.0f}s)"
-        print(f"BENCH mode {mode}: {meta['mode_status'][mode]}", flush=True)
+            meta.setdefault("profile_lines", []).extend(
+                dict(p, num_steps_run=k) for p in profile_lines(log))
+        modes[key] = res
+        meta["mode_status"][key] = _mode_status(res) + f" ({time.time() - t0:.0f}s)"
+        print(f"BENCH mode {key}: {meta['mode_status'][key]}", flush=True)
         finish(0, show=False)  # partial results on disk after every mode
     return finish(0 if all(m.get("ok") for m in modes.values()) else 1)
 
@@ -344,7 +367,9 @@ def parse_args(argv=None):
     ap.add_argument("--batch-sizes", type=ints, default=[1, 8], help="comma list")
     ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens per measured request")
     ap.add_argument("--warmup-tokens", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=2, help="EAGLE-3 draft steps S (S+1 draft tokens)")
+    ap.add_argument("--steps", type=ints, default=[2],
+                    help="EAGLE-3 draft steps S (S+1 draft tokens); a comma list sweeps num_steps "
+                         "(one engine per mode and S; plain decode once)")
     ap.add_argument("--modes", default="ours,upstream,plain", type=lambda s: [m for m in s.split(",") if m],
                     help="comma list of " + ", ".join(MODES))
     ap.add_argument("--profile-every", type=int, default=20, help="ours_profile: cycles per profile line")
@@ -366,6 +391,10 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"unknown mode(s) {bad}")
     a.contexts, a.batch_sizes = sorted(a.contexts), sorted(a.batch_sizes)
+    if not a.steps or min(a.steps) < 1:
+        ap.error("--steps needs integers >= 1")
+    a.steps_list = list(dict.fromkeys(a.steps))  # the sweep (order kept, duplicates dropped)
+    a.steps = a.steps_list[-1]  # a child gets one value (--steps N appended last)
     return a
 
 

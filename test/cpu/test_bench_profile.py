@@ -43,3 +43,24 @@ def test_unknown_mode_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         bv.parse_args(["--modes", "ours,fast"])
     assert "unknown mode" in capsys.readouterr().err
+
+
+def test_num_steps_sweep_keys_and_rows():
+    """``--steps 1,3``: one engine per (mode, num_steps) keyed ``mode@k``, plain decode once, one
+    row per (num_steps, context, bs) with the shared decode baseline (issue #4's sweep)."""
+    a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1", "--steps", "1,3,3",
+                       "--modes", "plain,ours,upstream"])
+    assert a.steps_list == [1, 3] and a.steps == 3
+    assert [bv.mode_key(a, "plain", k) for k in (1, 3)] == ["plain", "plain"]
+    assert bv.mode_key(a, "ours", 3) == "ours@3"
+    phase = lambda verify: {"context": 1024, "bs": 1, "e2e_ms_per_step": 1.0,  # noqa: E731
+                            "roles": {"target_verify": {"gpu_ms": verify},
+                                      "target_decode": {"gpu_ms": 2.0}}}
+    modes = {"plain": {"phases": [phase(None)]}, "ours@1": {"phases": [phase(2.2)]},
+             "ours@3": {"phases": [phase(2.6)]}, "upstream@3": {"phases": [phase(5.2)]}}
+    rows = bv.build_rows(a, modes)
+    assert [(r["num_steps"], r["decode_ms"], r["ours_verify_ms"]) for r in rows] == [
+        (1, 2.0, 2.2), (3, 2.0, 2.6)]
+    assert rows[1]["ours_per_upstream_verify"] == 0.5 and rows[0]["upstream_verify_ms"] is None
+    single = bv.parse_args(["--steps", "2"])
+    assert single.steps_list == [2] and bv.mode_key(single, "ours", 2) == "ours"
