@@ -113,3 +113,26 @@ def install_counters(counters: VerifyCounters) -> VerifyCounters:
     global _COUNTERS
     _COUNTERS = counters
     return counters
+
+
+def eager_cliff_warning(max_running_requests, capture_bs) -> "str | None":
+    """The start-up warning when batches can exceed the largest captured bucket.
+
+    Args:
+        max_running_requests: the model runner's max concurrent requests (int) or ``None``.
+        capture_bs: the captured batch sizes (requests).
+
+    Returns:
+        ``None`` when every batch up to ``max_running_requests`` replays a graph, else one line
+        naming the eager range, the fallback reason it will be counted under and the flag that
+        closes it (the 5-6x eager cliff of ``../shared/docs/bug_log.md`` 2).
+    """
+    if not capture_bs or not max_running_requests:
+        return None
+    top = max(capture_bs)
+    if max_running_requests <= top:
+        return None
+    return (f"--enable-verify-cuda-graph: verify batches of {top + 1}..{max_running_requests} "
+            f"requests will run eagerly (largest captured bucket {top}; counted as "
+            f"{REASON_BS_ABOVE_MAX}). To graph them: --cuda-graph-max-bs-decode "
+            f"{max_running_requests}, or --max-running-requests {top}.")

@@ -265,6 +265,12 @@ def capture_verify_runner(model_runner, build: Callable):
         "tokens/request, attention=%s, %.2f s, %.3f GiB",
         counters.capture_bs, counters.num_draft_tokens, counters.attention,
         counters.capture_seconds, counters.graph_mem_gib)
+    from sglang_verify_graph.counters import eager_cliff_warning
+
+    cliff = eager_cliff_warning(getattr(model_runner, "max_running_requests", None),
+                                counters.capture_bs)
+    if cliff:
+        logger.warning("%s", cliff)
     return runner, before - after
 
 

@@ -220,3 +220,16 @@ def test_native_eager_verify_is_counted_with_its_reason():
     backend.init_forward_metadata(batch(True))  # the self-test's reference: not a fallback
     assert len(calls) == 3
     assert dict(counters.fallbacks) == {REASON_BS_ABOVE_MAX: 1}
+
+
+def test_eager_cliff_is_announced_at_start():
+    """bug_log 2 (the 5-6x eager cliff): when max_running_requests exceeds the largest captured
+    bucket, start-up says which batch sizes will verify eagerly and the flag that graphs them."""
+    from sglang_verify_graph.counters import REASON_BS_ABOVE_MAX, eager_cliff_warning
+
+    assert eager_cliff_warning(32, [1, 2, 4, 8, 16, 32]) is None
+    assert eager_cliff_warning(None, [1, 2]) is None and eager_cliff_warning(8, []) is None
+    line = eager_cliff_warning(48, [1, 2, 4, 8, 16, 32])
+    assert "batches of 33..48 requests will run eagerly" in line
+    assert REASON_BS_ABOVE_MAX in line and "--cuda-graph-max-bs-decode 48" in line
+    assert "--max-running-requests 32" in line and "\n" not in line
