@@ -3,7 +3,8 @@
 target: next token ``g(t)``; a draft agreeing on ~70% of ids), so outputs can be checked exactly.
 
 * **KV accounting** (sgl-project/sglang#31616, bug_log 6: KV slots leak with page size > 1):
-  1,000 requests with random lengths, shared prefixes (radix-cache hits), 10% aborted mid-way
+  1,000 requests with random lengths (the first six 63/64/65/127/128/129 tokens: page
+  boundaries), shared prefixes (radix-cache hits), 10% aborted mid-way
   (``/abort_request``), at page size 1 and 64. Afterwards, idle: ``/flush_cache`` succeeds,
   ``/v1/loads`` reports 0 used tokens, the server is alive and its log has none of SGLang's own
   leak reports (``memory leak detected``, KV double free / use-after-free; the idle invariant
@@ -128,9 +129,11 @@ def test_kv_accounting_after_aborts_and_prefix_hits(pair, page_size):
     prefixes = [[rng.randrange(10, ap.VOCAB - 10) for _ in range(rng.randrange(60, 200))]
                 for _ in range(4)]
     jobs = []
+    edges = [63, 64, 65, 127, 128, 129]  # prompt lengths around page boundaries (page 64)
     for i in range(N_REQUESTS):
-        head = prefixes[i % 4] if rng.random() < 0.6 else []
-        tail = [rng.randrange(10, ap.VOCAB - 10) for _ in range(rng.randrange(1, 400))]
+        head = prefixes[i % 4] if rng.random() < 0.6 and i >= len(edges) else []
+        n_tail = edges[i] if i < len(edges) else rng.randrange(1, 400)
+        tail = [rng.randrange(10, ap.VOCAB - 10) for _ in range(n_tail)]
         # fixed width: SGLang aborts every rid that *starts with* the given one
         jobs.append((f"kv{page_size}-{i:05d}", head + tail, rng.randrange(1, 40), rng.random() < 0.1))
     with _Server(pair, f"kv_page{page_size}", ["--enable-verify-cuda-graph", "--page-size",
