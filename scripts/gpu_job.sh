@@ -30,7 +30,7 @@
 # a stage never runs past TOTAL_S - RESERVE_S (the bench then keeps the modes it finished); for a
 # full bench run STAGES=bench alone (~4 min), e.g. after STAGES="gpu e2e".
 # Env (all optional):
-#   STAGES       default "gpu e2e bench"
+#   STAGES       default "gpu e2e bench"; "all" = every stage (about an hour: raise TOTAL_S)
 #   GPU_TMO / E2E_TMO / ACCEPT_TMO / RELIAB_TMO / BENCH_TMO   per-stage limits in s
 #                (default 180 / 240 / 300 / 300 / 270)
 #   TOTAL_S      whole-job budget in s (default 550); RESERVE_S kept for packing (default 40)
@@ -52,6 +52,7 @@ W=$BASE/gpujob; rm -rf "$W"; LOGS=$W/logs; mkdir -p "$LOGS"
 SITE=$BASE/site; MODELS=$BASE/models
 SUMMARY=$W/summary.txt; : > "$SUMMARY"
 STAGES=${STAGES:-gpu e2e bench}
+[ "$STAGES" = all ] && STAGES="gpu nan mla native sanitizer e2e profile accept reliab bench"  # ~1 h
 TOTAL_S=${TOTAL_S:-550}; RESERVE_S=${RESERVE_S:-40}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
