@@ -206,35 +206,17 @@ def uses_verify_cuda_graph(model_runner) -> bool:
             and type(backend).__name__ in NATIVE_BACKEND_CLASSES.get(cfg.attention_backend, ()))
 
 
+_config_for = chain_verify_config  # the name the shared capture_verify_runner uses
+
+
+@@ADAPTER_CAPTURE@@
+
+
 def build_verify_cuda_graph_runner(model_runner):
     """Capture VerifyCudaGraphRunner (timed, GPU memory counted, one log line)."""
     from sglang.srt.model_executor.runner.verify_cuda_graph_runner import VerifyCudaGraphRunner
-    from sglang.srt.model_executor.runner.verify_graph_counters import (
-        VerifyCounters,
-        install_counters,
-    )
-    from sglang.srt.utils import get_available_gpu_memory
 
-    cfg = (getattr(model_runner.attn_backend, "verify_cfg", None)
-           or chain_verify_config(model_runner))
-    counters = install_counters(VerifyCounters(log_every=cfg.log_every))
-    before = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
-    try:
-        runner = VerifyCudaGraphRunner(model_runner, cfg, counters)
-    except Exception as e:
-        if "out of memory" in str(e).lower():
-            raise RuntimeError(
-                "--enable-verify-cuda-graph: capturing the verify graphs ran out of GPU memory. "
-                "Fix: lower --cuda-graph-max-bs-decode (fewer/smaller buckets) or "
-                "--mem-fraction-static.") from e
-        raise
-    counters.graph_mem_gib = before - get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
-    logger.info(
-        "VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=%s, num_draft_tokens=%d "
-        "tokens/request, attention=%s, %.2f s, %.3f GiB",
-        counters.capture_bs, counters.num_draft_tokens, counters.attention,
-        counters.capture_seconds, counters.graph_mem_gib)
-    return runner
+    return capture_verify_runner(model_runner, VerifyCudaGraphRunner)[0]
 '''
 
 
@@ -250,7 +232,8 @@ def adapter_functions(*names: str) -> str:
 
 
 UTILS = UTILS.replace("@@ADAPTER_FUNCTIONS@@",
-                      adapter_functions("num_aux_hidden_states", "local_embedding_row"))
+                      adapter_functions("num_aux_hidden_states", "local_embedding_row")).replace(
+    "@@ADAPTER_CAPTURE@@", rewrite_imports(adapter_functions("capture_verify_runner")))
 
 
 def sa_names_used(texts: list[str]) -> set[str]:

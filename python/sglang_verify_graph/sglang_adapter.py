@@ -244,7 +244,7 @@ def capture_verify_runner(model_runner, build: Callable):
     ``(runner, graph_mem_gib)``."""
     from sglang.srt.utils import get_available_gpu_memory
 
-    from sglang_verify_graph.counters import VerifyCounters, install_counters
+    from sglang_verify_graph.counters import VerifyCounters, eager_cliff_warning, install_counters
 
     cfg = getattr(model_runner.attn_backend, "verify_cfg", None) or _config_for(model_runner)
     counters = install_counters(VerifyCounters(log_every=cfg.log_every))
@@ -265,8 +265,6 @@ def capture_verify_runner(model_runner, build: Callable):
         "tokens/request, attention=%s, %.2f s, %.3f GiB",
         counters.capture_bs, counters.num_draft_tokens, counters.attention,
         counters.capture_seconds, counters.graph_mem_gib)
-    from sglang_verify_graph.counters import eager_cliff_warning
-
     cliff = eager_cliff_warning(getattr(model_runner, "max_running_requests", None),
                                 counters.capture_bs)
     if cliff:
