@@ -31,7 +31,6 @@ from sgl_verify_kernel import (
 )
 from sglang_verify_graph import sglang_adapter as sa
 from sglang_verify_graph.config import VerifyGraphConfig, VerifyGraphConfigError
-from sglang_verify_graph.counters import get_counters
 
 logger = logging.getLogger("sglang_verify_graph")
 
@@ -147,9 +146,7 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
             att_lse = torch.empty(n_lse, dtype=torch.float32, device=self.device)
         self._chain_meta = ChainMetadata(forward_batch.req_pool_indices, forward_batch.seq_lens,
                                          self.num_kv_splits_for(bs), att_out, att_lse)
-        counters = get_counters()
-        if counters is not None and not self.selftest_eager:
-            counters.count_eager_verify()
+        # (an eager verify here is counted as a fallback by VerifyCudaGraphRunner's wrapper)
 
     def get_verify_buffers_to_fill_after_draft(self):
         # No tree-mask scratch: the chain needs no mask (see sglang_adapter.build_verify_input_hook).

@@ -67,14 +67,13 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
                               else f"native {cfg.attention_backend} ({type(backend).__name__})")
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
         self.selftest = GraphSelfTest(self, inject_nan=cfg.selftest_nan) if cfg.selftest else None
-        if not self.chain:
-            self._count_native_eager_verify(backend)
+        self._count_eager_verify(backend)
 
-    def _count_native_eager_verify(self, backend) -> None:
-        """Native backends: count each eager TARGET_VERIFY (a refused batch) with the refusal
-        reason, as ``ChainVerifyTritonBackend.init_forward_metadata`` does for the chain kernel
-        (graph replays never call ``init_forward_metadata``; the self-test's own eager reference
-        sets ``selftest_eager`` and is not counted)."""
+    def _count_eager_verify(self, backend) -> None:
+        """Count each eager TARGET_VERIFY (a batch ``can_run_graph`` refused) under the refusal
+        reason, for the chain backend and the native ones alike, by wrapping the target backend's
+        ``init_forward_metadata`` (graph replays never call it; the self-test's own eager
+        reference sets ``selftest_eager`` and is not counted)."""
         original, counters = backend.init_forward_metadata, self.counters
 
         def init_forward_metadata(forward_batch):

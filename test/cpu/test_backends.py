@@ -195,10 +195,10 @@ def test_flashinfer_and_flashmla_are_for_mla_targets_only(make_args, tiny_model_
     assert backends.NATIVE_BACKEND_CLASSES["flashinfer"] == ("FlashInferMLAAttnBackend",)
 
 
-def test_native_eager_verify_is_counted_with_its_reason():
-    """Native backends: a refused TARGET_VERIFY batch runs the backend's eager path; the runner's
-    wrapper counts it under the refusal reason (as the chain backend does), other modes and the
-    self-test's own eager reference are not counted."""
+def test_eager_verify_is_counted_with_its_reason():
+    """A refused TARGET_VERIFY batch runs the backend's eager path (chain or native); the runner's
+    wrapper counts it under the refusal reason, other modes and the self-test's own eager
+    reference are not counted."""
     from sglang_verify_graph.counters import REASON_BS_ABOVE_MAX, VerifyCounters
     from sglang_verify_graph.runner import VerifyCudaGraphRunner
 
@@ -212,7 +212,7 @@ def test_native_eager_verify_is_counted_with_its_reason():
         return SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: verify))
 
     backend, counters = Backend(), VerifyCounters()
-    VerifyCudaGraphRunner._count_native_eager_verify(SimpleNamespace(counters=counters), backend)
+    VerifyCudaGraphRunner._count_eager_verify(SimpleNamespace(counters=counters), backend)
     counters.note_refusal(REASON_BS_ABOVE_MAX, "bs=12 > max captured 8")
     backend.init_forward_metadata(batch(True))
     backend.init_forward_metadata(batch(False))  # a decode/extend forward: not a verify fallback
