@@ -106,12 +106,12 @@ def _local_config(path: Optional[str]) -> Optional[dict]:
     return cfg.get("text_config", cfg) if isinstance(cfg, dict) else None
 
 
-def draft_is_mla(draft_path: Optional[str]) -> Optional[bool]:
-    """Whether the checkpoint (target or draft) at ``draft_path`` (a local folder) uses MLA
+def checkpoint_is_mla(path: Optional[str]) -> Optional[bool]:
+    """Whether the checkpoint (target or draft) at ``path`` (a local folder) uses MLA
     attention (its config, or its ``text_config``, has ``kv_lora_rank``: DeepSeek-V3, Kimi-K2.5,
     ``Eagle3DeepseekV2ForCausalLM``); ``None`` when the path is not a local folder with a
     config.json (a hub id: not checked here)."""
-    cfg = _local_config(draft_path)
+    cfg = _local_config(path)
     if cfg is None:
         return None
     return cfg.get("kv_lora_rank") is not None
@@ -122,7 +122,7 @@ def check_target(sa: Any, backend: str) -> None:
     (``--model-path``, when a local folder) is not an MLA model."""
     if backend not in MLA_TARGET_ONLY:
         return
-    if draft_is_mla(getattr(sa, "model_path", None)) is not False:
+    if checkpoint_is_mla(getattr(sa, "model_path", None)) is not False:
         return
     raise VerifyGraphConfigError(
         f"serves {backend} verify only for MLA targets (DeepSeek-V3 / Kimi-K2.5 class); this "
@@ -143,7 +143,7 @@ def check_draft_backend(sa: Any, backend: str) -> None:
     draft_backend = getattr(sa, "speculative_draft_attention_backend", None)
     if draft_backend and draft_backend not in MLA_ONLY_BACKENDS:
         return
-    if draft_is_mla(getattr(sa, "speculative_draft_model_path", None)) is not False:
+    if checkpoint_is_mla(getattr(sa, "speculative_draft_model_path", None)) is not False:
         return
     raise VerifyGraphConfigError(
         f"the EAGLE-3 draft is an MHA model and cannot run on {backend}, which serves MLA only "

@@ -88,8 +88,8 @@ def test_mla_draft_fa3_and_hub_ids_pass(make_args, tiny_model_dirs, mla_draft):
                                   speculative_draft_model_path=mla_draft), ON)
     assert build_config(make_args(attention_backend="fa3",
                                   speculative_draft_model_path=llama_draft), ON)
-    assert backends.draft_is_mla("org/some-hub-draft") is None  # not a local folder: unchecked
-    assert backends.draft_is_mla(llama_draft) is False and backends.draft_is_mla(mla_draft) is True
+    assert backends.checkpoint_is_mla("org/some-hub-draft") is None  # not a local folder: unchecked
+    assert backends.checkpoint_is_mla(llama_draft) is False and backends.checkpoint_is_mla(mla_draft) is True
 
 
 class FlashMLABackend:  # named like SGLang's class (layers/attention/flashmla_backend.py)
