@@ -234,7 +234,7 @@ def format_table(rows, meta) -> str:
     for p in meta.get("profile_lines", [])[:6]:
         lines.append("RESULT profile " + " ".join(f"{k}={p[k]}" for k in (
             "cycles", "bs", "cycle_mean_ms", "span_per_cycle_ms", "phase_sum_vs_span", "verify_pct",
-            "accept_length", "replay_pct")))
+            "accept_length", "replay_pct", "prof_self_ms", "prof_self_pct") if k in p))
     lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),
               f"RESULT flags: {meta['flags']}", f"RESULT command: {meta['command']}"]
     return "\n".join(lines)

@@ -8,7 +8,8 @@
 # minimal .dist-info in /tmp/site + python/ and sgl-kernel/ on PYTHONPATH), make the dummy models
 # (scripts/make_models.py /tmp/models), print versions + nvidia-smi, then run STAGES in order:
 #   gpu    python3 -m pytest -x -q -m gpu test/gpu          (the lead's kernel/runner tests)
-#   e2e    python3 -m pytest -x -q -m server test/e2e/test_server_e2e.py  (3 servers, llama-small)
+#   e2e    python3 -m pytest -x -q -m server test/e2e/test_server_e2e.py  (3 servers; E2E_MODEL,
+#          default llama-small; llama-8b for the Llama-3.1-8B shape)
 #   nan    test/gpu/test_runner_selftest.py with VERIFY_GRAPH_SELFTEST_NAN=1 (NaN in padded rows,
 #          SGLang's NaN detection SGLANG_ENABLE_ASYNC_ASSERT=1)
 #   mla    the self-test on kimi-small-mla (MLA drafter Eagle3DeepseekV2ForCausalLM) and kimi-k25-small

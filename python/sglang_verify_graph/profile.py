@@ -26,7 +26,12 @@ time (means, so the four add up to 100 unless ``other`` had to be clamped at 0);
 request per cycle, bonus token included) = tokens / request-cycles; ``accepted_drafts`` =
 ``accept_length - 1``; ``tok_s``: tokens / device time from the first cycle's start to the last
 cycle's end (gaps between cycles included); ``replay_pct`` and ``fallbacks``: verify-graph
-counters over the window (``na`` when the verify graph is not installed in this process).
+counters over the window (``na`` when the verify graph is not installed in this process);
+``prof_self_ms``: mean host ms per cycle spent inside this profiler's own methods (event
+records, clock reads, draining, folding, the log line; the hook wrappers around them are not
+included) and ``prof_self_pct`` its share of ``cycle_mean_ms``: the profile's host overhead,
+measured in the run it profiles (an upper bound of its cost when the loop is host-bound; hidden
+behind the GPU when it is not).
 
 No ``sglang.srt`` imports; torch is imported only by the default event factory.
 """
@@ -138,6 +143,8 @@ class PhaseProfiler:
         self._window: List[dict] = []
         self._last_counts = None  # Prometheus counters start from the counters' zero
         self._window_counts = self._read_counts()
+        self._self_s = 0.0  # host seconds inside this profiler since the last line
+        self._ended = 0  # cycles ended since the last line
 
     # ---- recording (decode loop; never blocks) ------------------------------------------
     @property
@@ -152,6 +159,7 @@ class PhaseProfiler:
     def cycle_begin(self, num_steps: Optional[int] = None) -> None:
         """Start a cycle (an unfinished previous one is discarded). Lets the readers of pending
         cycles ``settle()`` (drop references they no longer need)."""
+        t_in = self.clock()
         for cycle in self.pending:
             settle = getattr(cycle.tokens_reader, "settle", None)
             if settle is not None:
@@ -159,24 +167,29 @@ class PhaseProfiler:
                     settle()
                 except Exception:
                     cycle.tokens_reader = None
-        self._cur = _Cycle(self._record(), self.clock(), num_steps)
+        self._cur = _Cycle(self._record(), t_in, num_steps)
+        self._self_s += self.clock() - t_in
 
     def begin(self, phase: str) -> None:
         """Start ``phase`` of the current cycle (no-op outside a cycle)."""
         cycle = self._cur
         if cycle is None:
             return
-        cycle._open[phase] = (self._record(), self.clock())
+        t_in = self.clock()
+        cycle._open[phase] = (self._record(), t_in)
+        self._self_s += self.clock() - t_in
 
     def end(self, phase: str) -> None:
         """End ``phase`` (no-op outside a cycle or without a matching :meth:`begin`)."""
         cycle = self._cur
         if cycle is None or phase not in cycle._open:
             return
+        t_in = self.clock()
         start, t0 = cycle._open.pop(phase)
         stop = self._record()
         cycle.phase_events.setdefault(phase, []).append((start, stop))
-        cycle.host_phase[phase] = cycle.host_phase.get(phase, 0.0) + (self.clock() - t0) * 1e3
+        cycle.host_phase[phase] = cycle.host_phase.get(phase, 0.0) + (t_in - t0) * 1e3
+        self._self_s += self.clock() - t_in
 
     def cycle_abort(self) -> None:
         """Forget the current cycle (its forward raised)."""
@@ -195,14 +208,17 @@ class PhaseProfiler:
         if cycle is None:
             return
         self._cur = None
+        t_in = self.clock()
         cycle.end = self._record()
-        cycle.host_ms = (self.clock() - cycle.host_t0) * 1e3
+        cycle.host_ms = (t_in - cycle.host_t0) * 1e3
         cycle.tokens_reader = accept_lengths
         self.pending.append(cycle)
         while len(self.pending) > MAX_PENDING:
             self.pending.popleft()
             self.dropped += 1
+        self._ended += 1
         self.drain()
+        self._self_s += self.clock() - t_in
 
     # ---- draining (non-blocking) --------------------------------------------------------
     def drain(self) -> int:
@@ -276,8 +292,10 @@ class PhaseProfiler:
 
     def _flush(self) -> None:
         window, self._window = self._window, []
+        self_ms = 1e3 * self._self_s / self._ended if self._ended else None
+        self._self_s, self._ended = 0.0, 0
         line = format_line(window, self.rank, self._window_counts, self._read_counts(),
-                           self.dropped)
+                           self.dropped, self_ms=self_ms)
         self._window_counts = self._read_counts()
         self.lines = (self.lines + [line])[-8:]
         self.log(line)
@@ -288,8 +306,9 @@ def _fmt(x: float) -> str:
 
 
 def format_line(window: List[dict], rank: int, counts_before, counts_after,
-                dropped: int = 0) -> str:
-    """The ``verify_graph_profile ...`` line of a window of folded cycles."""
+                dropped: int = 0, self_ms: Optional[float] = None) -> str:
+    """The ``verify_graph_profile ...`` line of a window of folded cycles; ``self_ms``: the
+    profiler's own host ms per cycle (``prof_self_ms``/``prof_self_pct``; left out when None)."""
     med = statistics.median
     cycles = len(window)
     cycle_mean = statistics.fmean(r["cycle_ms"] for r in window)
@@ -327,6 +346,9 @@ def format_line(window: List[dict], rank: int, counts_before, counts_after,
     else:
         fields["replay_pct"] = "na"
         fields["fallbacks"] = "na"
+    if self_ms is not None:
+        fields["prof_self_ms"] = f"{self_ms:.4f}"
+        fields["prof_self_pct"] = f"{100.0 * self_ms / cycle_mean:.2f}" if cycle_mean > 0 else "na"
     if dropped:
         fields["dropped_cycles"] = str(dropped)
     return "verify_graph_profile " + " ".join(f"{k}={v}" for k, v in fields.items())

@@ -119,6 +119,39 @@ def test_window_line_parses_with_advisor_medians():
         assert float(f[key]) >= 0
 
 
+class StepClock:
+    """A host clock (s) that advances ``step`` on every read: each read stands for work done."""
+
+    def __init__(self, step=1e-5):
+        self.t, self.step, self.reads = 0.0, step, 0
+
+    def __call__(self):
+        self.t += self.step
+        self.reads += 1
+        return self.t
+
+
+def test_profiler_reports_its_own_host_time_per_cycle():
+    """prof_self_ms is the host time spent inside the profiler's methods per cycle (here every
+    clock read stands for 10 us of the profiler's own work) and prof_self_pct its share of the
+    mean cycle; each line covers only its own window (the call that writes a line counts
+    toward the next one)."""
+    clock = StepClock(1e-5)
+    prof, gpu, lines = make(every=2, clock=clock)
+    for _ in range(2):
+        run_cycle(prof, gpu, verify=6.0)  # cycle = 0.5 + 2 + 6 + 1 + 0.5 = 10 ms
+    for _ in range(2):
+        run_cycle(prof, gpu, verify=6.0)
+    # per cycle the profiler's own spans are cycle_begin 1, begin 3, end 3, cycle_end 1: 8 clock
+    # steps of 10 us = 0.08 ms; the cycle_end that writes a line is counted in the next window
+    first, second = (fields(line) for line in lines)
+    assert float(first["prof_self_ms"]) == pytest.approx(7.5 * 1e-2, rel=1e-6)
+    assert float(second["prof_self_ms"]) == pytest.approx(8 * 1e-2, rel=1e-6)
+    assert float(second["prof_self_pct"]) == pytest.approx(100 * 0.08 / 10.0, abs=0.01)
+    summary = advisor_inputs.parse_profile_log(lines)
+    assert summary.by_steps[3]["verify_ms"] == pytest.approx(6.0)  # the advisor still reads it
+
+
 def test_phase_percentages_sum_to_100_and_match_means():
     prof, gpu, lines = make(every=4)
     for verify in (4.0, 5.0, 6.0, 25.0):

@@ -1,7 +1,8 @@
 """Server tier: the stock ``python -m sglang.launch_server`` with ``--enable-verify-cuda-graph``.
 
-Starts real SGLang 0.5.16 servers (one at a time: GPU memory) on the small dummy-weight Llama and its
-EAGLE-3 draft (scripts/make_models.py), EAGLE-3 topk 1, 2 steps, 3 draft tokens, triton attention:
+Starts real SGLang 0.5.16 servers (one at a time: GPU memory) on a dummy-weight Llama target and its
+EAGLE-3 draft (scripts/make_models.py; ``E2E_MODEL``: ``llama-small`` by default, ``llama-8b`` for the
+Llama-3.1-8B shape of the slice-1 issue), EAGLE-3 topk 1, 2 steps, 3 draft tokens, triton attention:
 
 * ``ours``      the same server with ``--enable-verify-cuda-graph`` (the plugin's runner);
 * ``upstream``  the same server without it (upstream's TARGET_VERIFY graph);
@@ -20,7 +21,8 @@ SGLang's kit: ``kill_process_tree`` (sglang.srt.utils) stops each server tree. I
 appends ``--device``, while this tier must exercise the stock ``python -m sglang.launch_server``
 (and ``sglang.test.test_utils`` imports ``sglang.benchmark`` -> ``datasets``).
 
-Env: ``E2E_LOG_DIR`` (server logs + e2e_results.json, default /tmp/e2e_logs), ``E2E_MODELS_DIR``
+Env: ``E2E_MODEL`` (target folder name under the models dir, with ``<name>-eagle3`` as the draft;
+default ``llama-small``), ``E2E_LOG_DIR`` (server logs + e2e_results.json, default /tmp/e2e_logs), ``E2E_MODELS_DIR``
 (default /tmp/models; made in a temp folder when missing), ``E2E_LAUNCH_TIMEOUT`` (s, default 300),
 ``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
 ``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the reference
@@ -44,6 +46,7 @@ LAUNCH_TIMEOUT = float(os.environ.get("E2E_LAUNCH_TIMEOUT", "300"))
 PARITY_TOKENS = int(os.environ.get("E2E_PARITY_TOKENS", "128"))
 PARITY_LOGPROBS = os.environ.get("E2E_PARITY_LOGPROBS", "1") == "1"
 TIE_TOL = float(os.environ.get("E2E_PARITY_TIE_TOL", "0"))
+MODEL = os.environ.get("E2E_MODEL", "llama-small")
 VOCAB = 32000
 PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
 RESULTS = {}
@@ -177,7 +180,7 @@ class Servers:
         if self.cur is not None and self.cur.name == name:
             return self.cur
         self.close()
-        target = os.path.join(self.models, "llama-small")
+        target = os.path.join(self.models, MODEL)
         extra = {"ours": spec_args(target + "-eagle3") + ["--enable-verify-cuda-graph"],
                  "upstream": spec_args(target + "-eagle3"), "plain": []}[name]
         try:
@@ -217,10 +220,11 @@ def _dump_results():
 def servers(tmp_path_factory):
     os.makedirs(LOG_DIR, exist_ok=True)
     models = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
-    if not os.path.isfile(os.path.join(models, "llama-small-eagle3", "config.json")):
+    if not os.path.isfile(os.path.join(models, MODEL + "-eagle3", "config.json")):
         models = str(tmp_path_factory.mktemp("models"))
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_models.py"), models, "--only", "llama-small"],
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_models.py"), models, "--only", MODEL],
                        check=True)
+    RESULTS["model"] = MODEL
     sv = Servers(models)
     try:
         yield sv
