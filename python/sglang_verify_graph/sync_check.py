@@ -22,6 +22,18 @@ import warnings
 from typing import Any, Callable, Optional
 
 
+SYNC_WARNING = "called a synchronizing cuda operation"
+"""What PyTorch's warning for a synchronizing call says (``c10/cuda/CUDAFunctions.cpp``,
+``warn_or_error_on_sync``), lower-cased. Setting the mode also warns once that "Synchronization
+debug mode is a prototype feature ...": that notice is not a sync (seen on the H200, torch 2.11)."""
+
+
+def is_sync_warning(message: str) -> bool:
+    """True for PyTorch's synchronizing-call warning, False for anything else (its prototype
+    notice included)."""
+    return SYNC_WARNING in message.lower()
+
+
 class SyncCheck:
     """Counts synchronizing CUDA calls made during wrapped calls.
 
@@ -50,7 +62,7 @@ class SyncCheck:
                 return fn(*args, **kwargs)
             finally:
                 torch.cuda.set_sync_debug_mode(previous)
-                hits = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+                hits = [str(w.message) for w in caught if is_sync_warning(str(w.message))]
                 with self._lock:
                     self.calls += 1
                     self.syncs += len(hits)
