@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.server]
 
 LOG_DIR = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
 MODELS = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
+MODEL = os.environ.get("PROFILE_MODEL", "llama-small")
 RESULTS = {}
 RESULTS_FILE = "profile_results.json"  # written by conftest._module_results
 COMMON = ["--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend",
@@ -57,7 +58,7 @@ def _serve(name, extra):
     log = os.path.join(LOG_DIR, f"server_profile_{name}.log")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_VERIFY_GRAPH_")
            and k != "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"}
-    proc = launch_server(os.path.join(MODELS, "llama-small"), base, COMMON + extra, env=env,
+    proc = launch_server(os.path.join(MODELS, MODEL), base, COMMON + extra, env=env,
                          log_path=log)
     return proc, base, log
 
@@ -84,13 +85,13 @@ def test_profile_lines_metrics_and_advisor():
 
     decode_ms = _decode_ms()
     proc, base, log = _serve("ours", SPEC + [
-        "--speculative-draft-model-path", os.path.join(MODELS, "llama-small-eagle3"),
+        "--speculative-draft-model-path", os.path.join(MODELS, MODEL + "-eagle3"),
         "--enable-verify-cuda-graph", "--verify-graph-profile-every", "10", "--enable-metrics"])
     try:
         rng = random.Random(3)
         prompts = [[rng.randrange(100, 31000) for _ in range(rng.randrange(64, 600))]
                    for _ in range(8)]
-        with cf.ThreadPoolExecutor(4) as pool:
+        with cf.ThreadPoolExecutor(8) as pool:  # one batch of 8: decode-only after the prefills
             list(pool.map(lambda ids: generate(base, _body(ids, 128)), prompts))
         time.sleep(2)
         state = plugin_state(base)
@@ -110,7 +111,8 @@ def test_profile_lines_metrics_and_advisor():
     assert sglang_al and abs(ours_al - sglang_al) <= 0.1 * sglang_al, (ours_al, sglang_al)
     coverage = [p["phase_sum_vs_span"] for p in lines]
     RESULTS["phase_sum_vs_span"] = coverage
-    assert min(coverage) >= 0.9, f"phases cover {min(coverage):.2f} of the GPU span per cycle"
+    steady = coverage[1:]  # the first window's span includes the prefills between its cycles
+    assert steady and min(steady) >= 0.9, f"phases cover {min(coverage):.2f} of the GPU span per cycle"
     assert 'sglang_verify_graph_phase_ms_bucket{' in metrics and 'phase="verify"' in metrics
     assert "sglang_verify_graph_replays_total" in metrics
     adv = subprocess.run([sys.executable, "-m", "sglang_verify_graph.advisor", "--from-log", log,
