@@ -10,8 +10,11 @@ Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory 
   upstream  EAGLE3, topk 1, ``--steps`` S draft steps, S+1 draft tokens (upstream TARGET_VERIFY graph);
   ours      the same with env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` (the plugin's VerifyCudaGraphRunner);
   ours_profile  ``ours`` with the per-phase profile on (``SGLANG_VERIFY_GRAPH_PROFILE_EVERY``
-            = ``--profile-every``, default 20): its e2e ms per step against ``ours`` is the
-            profile's overhead (column ``prof_ovh``), and its ``verify_graph_profile`` log lines
+            = ``--profile-every``, default 20): the wall time of its ``--new-tokens`` generation
+            over ``ours``'s, minus 1, is the profile's overhead (column ``prof_ovh``; the same
+            requests, the same verify-step count, so prefill and step count cancel; the per-step
+            figure ``(tn - t1) / steps`` would add the noise of a single 1-token request, seen as
+            +/-4 ms on the H200), and its ``verify_graph_profile`` log lines
             (parsed from the mode's log) give the phase-sum check: mean cycle time (device) vs
             device span per cycle (``1000 * tokens / tok_s / cycles``, gaps included).
 
@@ -175,10 +178,27 @@ def mode_key(a, mode: str, num_steps: int) -> str:
 
 
 def _g(modes, mode, ctx, bs, role, field="gpu_ms"):
+    """One number of a mode's phase at (ctx, bs): role ``e2e`` -> e2e ms per step, ``wall`` ->
+    ``(tn_s, steps)`` of the N-token generation, else the probe's ``field`` of that role."""
     for ph in (modes.get(mode) or {}).get("phases", []):
         if ph["context"] == ctx and ph["bs"] == bs:
-            return ph["e2e_ms_per_step"] if role == "e2e" else (ph["roles"].get(role) or {}).get(field)
+            if role == "e2e":
+                return ph["e2e_ms_per_step"]
+            if role == "wall":
+                return (ph["tn_s"], ph["steps"]) if ph.get("tn_s") is not None else None
+            return (ph["roles"].get(role) or {}).get(field)
     return None
+
+
+def profile_overhead(ours_wall, prof_wall):
+    """Overhead of the profile: ``prof tn / ours tn - 1`` when both generations ran the same
+    number of verify steps, else the ratio of the per-step wall times; ``None`` when missing.
+    Args: ``(tn_s, steps)`` pairs (s, verify steps)."""
+    if not ours_wall or not prof_wall or not ours_wall[0] or not ours_wall[1] or not prof_wall[1]:
+        return None
+    (t_o, k_o), (t_p, k_p) = ours_wall, prof_wall
+    ratio = t_p / t_o if k_o == k_p else (t_p / k_p) / (t_o / k_o)
+    return round(ratio - 1, 4)
 
 
 def build_rows(a, modes: dict) -> list:
@@ -208,7 +228,9 @@ def _rows_for_steps(a, modes: dict, k: int, div) -> list:
             r["plain_e2e_ms_per_step"] = g("plain", ctx, bs, "e2e")
             r["ours_profile_e2e_ms_per_step"] = g("ours_profile", ctx, bs, "e2e")
             ovh = div(r["ours_profile_e2e_ms_per_step"], r["ours_e2e_ms_per_step"])
-            r["profile_overhead"] = round(ovh - 1, 4) if ovh is not None else None
+            r["profile_overhead_per_step"] = round(ovh - 1, 4) if ovh is not None else None
+            r["profile_overhead"] = profile_overhead(g("ours", ctx, bs, "wall"),
+                                                     g("ours_profile", ctx, bs, "wall"))
             r["ours_per_upstream_verify"] = div(r["ours_verify_ms"], r["upstream_verify_ms"])
             r["ours_per_upstream_cycle"] = div(r["ours_cycle_ms"], r["upstream_cycle_ms"])
             rows.append(r)

@@ -187,7 +187,7 @@ for st in $STAGES; do
           python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k "graph_equals or falls_back" -p no:cacheprovider $COLLECT
       done ;;
     profile)
-      run_stage profile "${PROFILE_TMO:-240}" python3 -m pytest -q -rs -m server test/e2e/test_profile_e2e.py -p no:cacheprovider $COLLECT ;;
+      PROFILE_MODEL=${PROFILE_MODEL:-llama-8b} run_stage profile "${PROFILE_TMO:-240}" python3 -m pytest -q -rs -m server test/e2e/test_profile_e2e.py -p no:cacheprovider $COLLECT ;;
     accept)
       run_stage accept "${ACCEPT_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_accept_length_e2e.py -p no:cacheprovider $COLLECT ;;
     reliab)
