@@ -10,11 +10,14 @@ Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory 
   upstream  EAGLE3, topk 1, ``--steps`` S draft steps, S+1 draft tokens (upstream TARGET_VERIFY graph);
   ours      the same with env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` (the plugin's VerifyCudaGraphRunner);
   ours_profile  ``ours`` with the per-phase profile on (``SGLANG_VERIFY_GRAPH_PROFILE_EVERY``
-            = ``--profile-every``, default 20): the wall time of its ``--new-tokens`` generation
-            over ``ours``'s, minus 1, is the profile's overhead (column ``prof_ovh``; the same
-            requests, the same verify-step count, so prefill and step count cancel; the per-step
-            figure ``(tn - t1) / steps`` would add the noise of a single 1-token request, seen as
-            +/-4 ms on the H200), and its ``verify_graph_profile`` log lines
+            = ``--profile-every``, default 20): the decode part of its ``--new-tokens``
+            generation over ``ours``'s, minus 1, is the profile's overhead (column ``prof_ovh%``,
+            in percent): ``(tn - t1_mean) / (tn' - t1_mean) - 1`` with ``t1_mean`` the mean
+            1-token (prefill) time of the two engines, divided by the verify steps when their
+            counts differ. Each engine's own ``t1`` would carry the noise of one 1-token request
+            (32.3 vs 28.7 ms on the H200, run 8); leaving prefill in ``tn`` would dilute the
+            ratio (no radix cache: prefill is up to 78% of ``tn`` at 8k, bs 8). Its
+            ``verify_graph_profile`` log lines
             (parsed from the mode's log) give the phase-sum check: mean cycle time (device) vs
             device span per cycle (``1000 * tokens / tok_s / cycles``, gaps included).
 
@@ -179,25 +182,33 @@ def mode_key(a, mode: str, num_steps: int) -> str:
 
 def _g(modes, mode, ctx, bs, role, field="gpu_ms"):
     """One number of a mode's phase at (ctx, bs): role ``e2e`` -> e2e ms per step, ``wall`` ->
-    ``(tn_s, steps)`` of the N-token generation, else the probe's ``field`` of that role."""
+    ``(tn_s, t1_s, steps)`` of the N-token generation, else the probe's ``field`` of that role."""
     for ph in (modes.get(mode) or {}).get("phases", []):
         if ph["context"] == ctx and ph["bs"] == bs:
             if role == "e2e":
                 return ph["e2e_ms_per_step"]
             if role == "wall":
-                return (ph["tn_s"], ph["steps"]) if ph.get("tn_s") is not None else None
+                return ((ph["tn_s"], ph.get("t1_s"), ph["steps"]) if ph.get("tn_s") is not None
+                        else None)
             return (ph["roles"].get(role) or {}).get(field)
     return None
 
 
 def profile_overhead(ours_wall, prof_wall):
-    """Overhead of the profile: ``prof tn / ours tn - 1`` when both generations ran the same
-    number of verify steps, else the ratio of the per-step wall times; ``None`` when missing.
-    Args: ``(tn_s, steps)`` pairs (s, verify steps)."""
-    if not ours_wall or not prof_wall or not ours_wall[0] or not ours_wall[1] or not prof_wall[1]:
+    """Overhead of the profile on the decode loop, a fraction: ``(tn_p - t1) / (tn_o - t1) - 1``
+    with ``t1`` the mean of the two engines' 1-token (prefill) times, per verify step when the
+    step counts differ; ``None`` when a value is missing or the decode time is not positive.
+    Args: ``(tn_s, t1_s, steps)`` triples (s, s, verify steps) of ``ours`` and ``ours_profile``."""
+    if not ours_wall or not prof_wall:
         return None
-    (t_o, k_o), (t_p, k_p) = ours_wall, prof_wall
-    ratio = t_p / t_o if k_o == k_p else (t_p / k_p) / (t_o / k_o)
+    (tn_o, t1_o, k_o), (tn_p, t1_p, k_p) = ours_wall, prof_wall
+    if None in (tn_o, t1_o, tn_p, t1_p) or not k_o or not k_p:
+        return None
+    t1 = (t1_o + t1_p) / 2
+    dec_o, dec_p = tn_o - t1, tn_p - t1
+    if dec_o <= 0 or dec_p <= 0:
+        return None
+    ratio = dec_p / dec_o if k_o == k_p else (dec_p / k_p) / (dec_o / k_o)
     return round(ratio - 1, 4)
 
 
@@ -231,6 +242,8 @@ def _rows_for_steps(a, modes: dict, k: int, div) -> list:
             r["profile_overhead_per_step"] = round(ovh - 1, 4) if ovh is not None else None
             r["profile_overhead"] = profile_overhead(g("ours", ctx, bs, "wall"),
                                                      g("ours_profile", ctx, bs, "wall"))
+            r["profile_overhead_pct"] = (round(100 * r["profile_overhead"], 2)
+                                         if r["profile_overhead"] is not None else None)
             r["ours_per_upstream_verify"] = div(r["ours_verify_ms"], r["upstream_verify_ms"])
             r["ours_per_upstream_cycle"] = div(r["ours_cycle_ms"], r["upstream_cycle_ms"])
             rows.append(r)
@@ -245,7 +258,7 @@ def format_table(rows, meta) -> str:
             ("ours_cycle_per_decode", "our_c/dec"), ("plain_e2e_ms_per_step", "e2e_plain"),
             ("upstream_e2e_ms_per_step", "e2e_up"), ("ours_e2e_ms_per_step", "e2e_ours")]
     if any(r.get("ours_profile_e2e_ms_per_step") is not None for r in rows):
-        cols += [("ours_profile_e2e_ms_per_step", "e2e_prof"), ("profile_overhead", "prof_ovh")]
+        cols += [("ours_profile_e2e_ms_per_step", "e2e_prof"), ("profile_overhead_pct", "prof_ovh%")]
     fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
     lines = [f"RESULT model={meta['model']}  GPU ms per graph replay (median); cycle = draft + verify + draft-extend; "
              f"e2e = wall ms per decode step",

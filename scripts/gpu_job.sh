@@ -38,6 +38,10 @@
 #   BENCH_ARGS   extra bench_verify.py args; shrink with "--quick", "--contexts 1024",
 #                "--batch-sizes 1", "--new-tokens 32", "--modes ours,upstream"; BENCH_MODE_TMO (150)
 #   E2E_ARGS / GPU_ARGS  extra pytest args (e.g. "-k parity"); E2E_PARITY_TOKENS (128) shrinks e2e
+#   E2E_MODEL    e2e target (default llama-small; llama-8b: the 8B shape, pass E2E_TMO=330)
+#   PROFILE_MODEL  profile-stage target (default llama-8b); NAN_TMO / PROFILE_TMO / MLA_TMO /
+#                NATIVE_TMO / SANITIZER_KERNEL_TMO / SANITIZER_SERVER_TMO: those stages' limits
+#                in s (default 200 / 240 / 220 / 400 / 200 / 480)
 #   BUNDLE       bundle folder (default ./.device-bundle); JITCACHE_MAX_MB (default 7)
 #   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
 #                collect tests (pytest --collect-only) and print the bench's Engine kwargs (--dry-run)

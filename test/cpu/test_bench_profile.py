@@ -25,9 +25,10 @@ def test_profile_lines_phase_sum_vs_span(tmp_path):
 
 
 def test_overhead_column():
-    """prof_ovh compares the wall time of the same N-token generation (same verify steps): the
-    per-step figure subtracts a single 1-token request's time, whose noise it would carry (the
-    H200 run of 2026-12-01: t1 0.0323 vs 0.0287 s turned +0.54% into +1.6%)."""
+    """prof_ovh% compares the decode part of the same N-token generation (same verify steps):
+    ``tn`` minus the two engines' mean 1-token time. Each engine's own ``t1`` is one noisy request
+    (the H200 run of 2026-12-01: 0.0323 vs 0.0287 s turned +0.58% into +1.6%); no ``t1`` at all
+    would leave prefill in and dilute the ratio."""
     a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1",
                        "--modes", "plain,upstream,ours,ours_profile"])
     phase = lambda e2e, tn, t1, steps=63: {"context": 1024, "bs": 1, "e2e_ms_per_step": e2e,  # noqa: E731
@@ -35,17 +36,22 @@ def test_overhead_column():
     modes = {"ours": {"phases": [phase(5.9928, 0.4099, 0.0323)]},
              "ours_profile": {"phases": [phase(6.0859, 0.4121, 0.0287)]}}
     (row,) = bv.build_rows(a, modes)
-    same_steps = row
-    assert row["profile_overhead"] == round(0.4121 / 0.4099 - 1, 4) == 0.0054
+    t1 = (0.0323 + 0.0287) / 2
+    assert row["profile_overhead"] == round((0.4121 - t1) / (0.4099 - t1) - 1, 4) == 0.0058
+    assert row["profile_overhead_pct"] == 0.58
     assert row["profile_overhead_per_step"] == 0.016  # what the per-step figure said
-    # different step counts (e.g. accepted drafts): per-step wall times
-    modes["ours_profile"]["phases"] = [phase(6.0, 0.4400, 0.03, steps=66)]
-    (row,) = bv.build_rows(a, modes)
-    assert row["profile_overhead"] == round((0.44 / 66) / (0.4099 / 63) - 1, 4)
     meta = {"model": "m", "mode_status": {}, "hardware": "h", "versions": {}, "flags": "",
             "command": "c", "profile_lines": []}
-    table = bv.format_table([same_steps], meta)
-    assert "prof_ovh" in table and "0.005" in table  # 0.0054 at 3 decimals
+    table = bv.format_table([row], meta)
+    assert "prof_ovh%" in table and "0.58" in table
+    # different step counts (e.g. accepted drafts): per-step decode times
+    modes["ours_profile"]["phases"] = [phase(6.0, 0.4400, 0.03, steps=66)]
+    (row,) = bv.build_rows(a, modes)
+    t1 = (0.0323 + 0.03) / 2
+    assert row["profile_overhead"] == round(((0.44 - t1) / 66) / ((0.4099 - t1) / 63) - 1, 4)
+    # missing t1 or a non-positive decode time: no figure rather than a wrong one
+    assert bv.profile_overhead((0.4, None, 63), (0.4, 0.03, 63)) is None
+    assert bv.profile_overhead((0.02, 0.03, 63), (0.4, 0.03, 63)) is None
 
 
 def test_unknown_mode_is_a_usage_error(capsys):
