@@ -1,6 +1,6 @@
 """CPU tier: benchmark/bench_verify.py's profile mode bookkeeping (issue #5): the overhead column
-(``ours_profile`` wall time of the same generation over ``ours``) and the phase-sum check parsed from the
-profiler's log lines (cycle_mean_ms over the device span per cycle)."""
+(``ours_profile`` decode time of the same generation over ``ours``'s) and the phase-sum check
+parsed from the profiler's log lines (cycle_mean_ms over the device span per cycle)."""
 
 import os
 import sys

@@ -123,11 +123,10 @@ class StepClock:
     """A host clock (s) that advances ``step`` on every read: each read stands for work done."""
 
     def __init__(self, step=1e-5):
-        self.t, self.step, self.reads = 0.0, step, 0
+        self.t, self.step = 0.0, step
 
     def __call__(self):
         self.t += self.step
-        self.reads += 1
         return self.t
 
 
