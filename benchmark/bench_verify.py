@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-step GPU time of the EAGLE-3 (topk 1) target verify: ours vs upstream vs plain decode.
 
-    python3 benchmark/bench_verify.py [--model llama-8b|llama-small|kimi-small]
+    python3 benchmark/bench_verify.py [--model llama-8b|llama-small|kimi-small|kimi-small-mla]
         [--contexts 1024,8192] [--batch-sizes 1,8] [--new-tokens 64] [--steps 2 | --steps 1,2,3,5]
         [--modes ours,upstream,plain] [--out results.json] [--quick]
 
@@ -88,6 +88,8 @@ def engine_kwargs(a, mode: str) -> dict:
     if mode != "plain":
         kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_eagle_topk=1,
                   speculative_num_steps=a.steps, speculative_num_draft_tokens=a.steps + 1)
+        if a.draft_attention_backend:
+            kw["speculative_draft_attention_backend"] = a.draft_attention_backend
     kw.update(json.loads(a.engine_extra))
     return kw
 
@@ -320,7 +322,8 @@ def run_parent(a) -> int:
     meta = {"model": a.model, "hardware": _hardware(), "versions": _versions(), "mode_status": {},
             "command": shlex.join([sys.executable] + sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "flags": f"contexts={a.contexts} batch_sizes={a.batch_sizes} new_tokens={a.new_tokens} steps={a.steps_list} "
-                     f"attention_backend={a.attention_backend} mem={a.mem} modes={a.modes}"}
+                     f"attention_backend={a.attention_backend} draft_attention_backend={a.draft_attention_backend} "
+                     f"mem={a.mem} modes={a.modes}"}
 
     def finish(code, show=True):
         rows = build_rows(a, modes)
@@ -395,7 +398,7 @@ def profile_lines(log_path: str) -> list:
 def parse_args(argv=None):
     ints = lambda s: [int(x) for x in str(s).split(",") if x]  # noqa: E731
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="llama-8b", choices=["llama-8b", "llama-small", "kimi-small"])
+    ap.add_argument("--model", default="llama-8b", choices=["llama-8b", "llama-small", "kimi-small", "kimi-small-mla"])
     ap.add_argument("--models-dir", default=os.environ.get("MODELS_DIR", "/tmp/models"),
                     help="folder of scripts/make_models.py output (made if missing)")
     ap.add_argument("--contexts", type=ints, default=[1024, 8192], help="prompt lengths in tokens, comma list")
@@ -409,6 +412,8 @@ def parse_args(argv=None):
                     help="comma list of " + ", ".join(MODES))
     ap.add_argument("--profile-every", type=int, default=20, help="ours_profile: cycles per profile line")
     ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--draft-attention-backend", default=None,
+                    help="--speculative-draft-attention-backend (the Llama-style draft on flashmla needs triton)")
     ap.add_argument("--mem", type=float, default=0.6, help="mem_fraction_static")
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs")

@@ -58,6 +58,12 @@ SITE=$BASE/site; MODELS=$BASE/models
 SUMMARY=$W/summary.txt; : > "$SUMMARY"
 STAGES=${STAGES:-gpu e2e bench}
 [ "$STAGES" = all ] && STAGES="gpu nan mla native sanitizer e2e profile accept reliab bench"  # ~1 h
+if [ "$STAGES" = issue6 ]; then  # issue #6 (reliability), every GPU part in one call: PARALLEL=1
+  STAGES="sanitizer gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling"; PARALLEL=${PARALLEL:-1}
+fi
+if [ "$STAGES" = issue3 ]; then  # issue #3 (MLA targets): self-tests and e2e per backend x drafter
+  STAGES="mla native e2e_mla"; PARALLEL=${PARALLEL:-1}
+fi
 TOTAL_S=${TOTAL_S:-550}; RESERVE_S=${RESERVE_S:-40}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -136,20 +142,33 @@ nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1
 declare -A RC; ORDER=""
 SETSID=$(command -v setsid || true)   # own process group per stage, so leftovers can be killed after it
 COLLECT=""; BENCH_DRY=""; [ "$DRY" = 1 ] && { COLLECT="--collect-only"; BENCH_DRY="--dry-run"; }
-run_stage() {  # name limit_s cmd...
+PAR=${PARALLEL:-0}; PAR_PIDS=""
+if [ "$PAR" = 1 ]; then  # stages share the GPU: cap each test server's KV pool (test/server_utils.py)
+  export VERIFY_GRAPH_SHARED_GPU_TOKENS=${SHARED_GPU_TOKENS:-65536}
+fi
+_stage_body() {  # name limit_s cmd...: runs one stage in its own process group, writes its rc
   local name=$1 tmo=$2; shift 2
-  ORDER="$ORDER $name"
-  local left=$(( T0 + TOTAL_S - RESERVE_S - $(date +%s) ))
-  if [ "$left" -lt 30 ]; then RC[$name]=skipped; say "== stage $name: SKIPPED (${left}s left of TOTAL_S=$TOTAL_S)"; return; fi
-  [ "$tmo" -gt "$left" ] && tmo=$left
   local t1=$(date +%s)
   echo "== stage $name (limit ${tmo}s): $*"
   $SETSID timeout -k 15 "$tmo" "$@" > "$LOGS/$name.log" 2>&1 &
   local pid=$!
   wait "$pid"; local rc=$?
   kill -KILL -- "-$pid" 2>/dev/null && sleep 3   # whatever the stage left running (its own process group)
-  RC[$name]=$rc
+  echo "$rc" > "$W/rc_$name"
   say "== stage $name: rc=$rc in $(( $(date +%s) - t1 ))s (limit ${tmo}s)$([ "$rc" = 124 ] && echo ' TIMED OUT')"
+}
+run_stage() {  # name limit_s cmd...; PARALLEL=1: in the background, each with its own E2E_LOG_DIR
+  local name=$1 tmo=$2; shift 2
+  ORDER="$ORDER $name"
+  local left=$(( T0 + TOTAL_S - RESERVE_S - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then RC[$name]=skipped; say "== stage $name: SKIPPED (${left}s left of TOTAL_S=$TOTAL_S)"; return; fi
+  [ "$tmo" -gt "$left" ] && tmo=$left
+  if [ "$PAR" = 1 ]; then
+    E2E_LOG_DIR=$LOGS/e2e/$name _stage_body "$name" "$tmo" "$@" &
+    PAR_PIDS="$PAR_PIDS $!"; sleep "${PARALLEL_STAGGER_S:-4}"
+  else
+    _stage_body "$name" "$tmo" "$@"
+  fi
 }
 for st in $STAGES; do
   case $st in
@@ -168,7 +187,7 @@ for st in $STAGES; do
             python3 -m pytest -x -q -rs -m gpu test/gpu/test_kimi_k25_engine.py -p no:cacheprovider $COLLECT
         else
           VERIFY_GRAPH_SELFTEST_MODEL=$m VERIFY_GRAPH_SELFTEST_PORT=31872 run_stage "mla_$m" "${MLA_TMO:-220}" \
-            python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k graph_equals -p no:cacheprovider $COLLECT
+            python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k "graph_equals or page_boundary" -p no:cacheprovider $COLLECT
         fi
       done ;;
     sanitizer)  # compute-sanitizer memcheck: kernel cases (page boundaries, mixed lengths), then
@@ -181,14 +200,16 @@ for st in $STAGES; do
         python3 -m pytest -x -q -rs -m gpu test/gpu/test_chain_kernel_gpu.py -k "seq_lens2 or seq_lens3" -p no:cacheprovider $COLLECT
       VERIFY_GRAPH_SERVER_WRAPPER="$SAN --log-file $LOGS/memcheck_server.%p.txt" VERIFY_GRAPH_SERVER_TIMEOUT=${SANITIZER_SERVER_WAIT:-420} \
         VERIFY_GRAPH_SELFTEST_PORT=31873 run_stage sanitizer_server "${SANITIZER_SERVER_TMO:-480}" \
-        python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k graph_equals -p no:cacheprovider $COLLECT ;;
+        python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k "graph_equals or page_boundary" -p no:cacheprovider $COLLECT ;;
     native)  # our runner around the backends' own verify kernels (backends.py)
       # fa3 needs sgl_kernel/flash_ops (1.1 GB, not in the bundle): NATIVE_CASES=llama-small:fa3 only
       # on a machine that has it
+      np=31874
       for mb in ${NATIVE_CASES:-kimi-small-mla:flashmla kimi-small-mla:flashinfer}; do
-        VERIFY_GRAPH_SELFTEST_MODEL=${mb%%:*} VERIFY_GRAPH_SELFTEST_BACKEND=${mb##*:} VERIFY_GRAPH_SELFTEST_PORT=31874 \
+        np=$(( np + 1 ))  # one port per case (PARALLEL=1 runs them at once)
+        VERIFY_GRAPH_SELFTEST_MODEL=${mb%%:*} VERIFY_GRAPH_SELFTEST_BACKEND=${mb##*:} VERIFY_GRAPH_SELFTEST_PORT=$np \
           run_stage "native_${mb/:/_}" "${NATIVE_TMO:-400}" \
-          python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k "graph_equals or falls_back" -p no:cacheprovider $COLLECT
+          python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k "graph_equals or falls_back or page_boundary" -p no:cacheprovider $COLLECT
       done ;;
     profile)
       PROFILE_MODEL=${PROFILE_MODEL:-llama-8b} run_stage profile "${PROFILE_TMO:-240}" python3 -m pytest -q -rs -m server test/e2e/test_profile_e2e.py -p no:cacheprovider $COLLECT ;;
@@ -196,17 +217,32 @@ for st in $STAGES; do
       run_stage accept "${ACCEPT_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_accept_length_e2e.py -p no:cacheprovider $COLLECT ;;
     reliab)
       run_stage reliab "${RELIAB_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_reliability_e2e.py -p no:cacheprovider $COLLECT ${RELIAB_ARGS:-} ;;
+    reliab_kv1|reliab_kv64|reliab_mix|reliab_sampling)  # one reliab test per stage (PARALLEL=1)
+      case $st in reliab_kv1) K="kv and not 64" ;; reliab_kv64) K="kv and 64" ;; reliab_mix) K=mix ;; *) K=sampling ;; esac
+      run_stage "$st" "${RELIAB_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_reliability_e2e.py -p no:cacheprovider $COLLECT -k "$K" ;;
+    accept_shape)  # num_steps 1, 2, 5 on our server (the shape contract; 3 servers)
+      ACCEPT_STEPS="1 2 5" run_stage accept_shape "${ACCEPT_TMO:-300}" python3 -m pytest -q -rs -m server test/e2e/test_accept_length_e2e.py -p no:cacheprovider $COLLECT ;;
+    e2e_mla)  # the e2e tier on the MLA targets: E2E_MLA_CASES model:backend[:draft_backend]
+      for c in ${E2E_MLA_CASES:-kimi-small:triton kimi-small:flashmla:triton kimi-small:flashinfer kimi-small-mla:triton kimi-small-mla:flashmla kimi-small-mla:flashinfer}; do
+        IFS=: read -r em eb ed <<< "$c"
+        E2E_MODEL=$em E2E_BACKEND=$eb E2E_DRAFT_BACKEND=${ed:-} E2E_LOG_DIR=$LOGS/e2e/e2e_${em}_${eb} run_stage "e2e_${em}_${eb}" "${E2E_TMO:-240}" \
+          python3 -m pytest -x -q -rs -m server test/e2e/test_server_e2e.py -p no:cacheprovider $COLLECT ${E2E_ARGS:-}
+      done ;;
     bench)
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
-    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, profile, accept, reliab, bench)" ;;
+    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, reliab, reliab_kv, reliab_mix, bench; issue3, issue6, all)" ;;
   esac
 done
+if [ "$PAR" = 1 ]; then
+  say "== PARALLEL=1: $(echo $PAR_PIDS | wc -w) stages running at once (KV pools capped at $VERIFY_GRAPH_SHARED_GPU_TOKENS tokens per server)"
+  for p in $PAR_PIDS; do wait "$p"; done
+fi
+for k in $ORDER; do [ -f "$W/rc_$k" ] && RC[$k]=$(cat "$W/rc_$k"); done
 
 # ---------------------------------------------------------------- results
-for st in gpu nan mla_kimi-small-mla mla_kimi-k25-small native_kimi-small-mla_flashmla native_kimi-small-mla_flashinfer \
-    native_llama-small_fa3 sanitizer_kernel sanitizer_server e2e profile accept reliab; do
-  [ -f "$LOGS/$st.log" ] || continue
+for st in $ORDER; do
+  [ -f "$LOGS/$st.log" ] && [ "$st" != bench ] || continue
   say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
   grep -E '^E  ' "$LOGS/$st.log" | head -6 | cut -c1-400 | while read -r l; do say "   $l"; done
@@ -227,6 +263,20 @@ EOF
 )"
 fi
 for f in accept_results.json reliab_results.json profile_results.json; do [ -f "$LOGS/e2e/$f" ] && cp "$LOGS/e2e/$f" "$OUT/"; done
+# per-stage results (PARALLEL=1, e2e_mla; they are in logs.tar.gz too): one file, as $OUT takes 8
+(cd "$LOGS/e2e" 2>/dev/null && ls */*_results.json >/dev/null 2>&1 && tar -czf "$OUT/stage_results.tar.gz" */*_results.json)
+for d in "$LOGS"/e2e/e2e*/; do  # the e2e lines of each parallel e2e stage
+    [ -f "$d/e2e_results.json" ] || continue
+    say "-- $(basename "$d"): $(python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = r.get('parity') or {}
+c = r.get('concurrency') or {}
+s = r.get('ours_after_parity') or r.get('ours_at_start') or {}
+print('startup_s', r.get('startup_s'), 'parity', {k: v['identical'] for k, v in p.items()},
+      'concurrency deltas', {k: v['delta'] for k, v in c.items()},
+      'ours', {k: s.get(k) for k in ('replays', 'verify_steps', 'fallback_total')})" "$d/e2e_results.json" 2>&1 | tail -1 | cut -c1-600)"
+done
 if [ -f "$LOGS/bench.log" ]; then
   grep -E '^BENCH mode ' "$LOGS/bench.log" | cut -c1-300 | while read -r l; do say "$l"; done
   grep -E '^RESULT ' "$LOGS/bench.log" | tail -20 | cut -c1-400 >> "$SUMMARY"

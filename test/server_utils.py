@@ -4,6 +4,15 @@ Always the stock ``python -m sglang.launch_server`` (the command users run; SGLa
 ``popen_launch_server`` starts the ``sglang serve`` console script instead, which a PYTHONPATH
 install such as the GPU machine's bundle does not have), polled on ``/health_generate``, and
 stopped with SGLang's ``kill_process_tree``.
+
+Shared-GPU mode (``scripts/gpu_job.sh`` with ``PARALLEL=1`` runs several test stages at once on
+the one H200): with ``VERIFY_GRAPH_SHARED_GPU_TOKENS=N`` every test server gets
+:func:`shared_gpu_args` after its own flags, so its KV pool holds at most N tokens instead of a
+fraction of whatever memory is free when it starts (SGLang 0.5.16 sizes the pool as free memory
+minus ``(1 - mem_fraction_static)`` x the free memory before model load,
+``mem_cache/kv_cache_configurator.py::_profile_available_bytes``; two servers profiling at the
+same moment would each count the other's memory as theirs, and the second would stop with "Not
+enough memory").
 """
 
 from __future__ import annotations
@@ -15,6 +24,30 @@ import time
 
 import requests
 
+SHARED_GPU_ENV = "VERIFY_GRAPH_SHARED_GPU_TOKENS"
+SHARED_GPU_MEM_FRACTION = 0.95
+"""``--mem-fraction-static`` in shared-GPU mode: the budget check passes whatever the other
+servers hold (their pools are capped), and ``--max-total-tokens`` caps this one's."""
+
+
+def shared_gpu_args() -> list[str]:
+    """``["--mem-fraction-static", "0.95", "--max-total-tokens", N]`` when
+    ``VERIFY_GRAPH_SHARED_GPU_TOKENS=N`` (tokens per server KV pool) is set, else ``[]``.
+    Raises ValueError when N is not a positive integer."""
+    raw = os.environ.get(SHARED_GPU_ENV, "").strip()
+    if not raw:
+        return []
+    n = int(raw)
+    if n <= 0:
+        raise ValueError(f"{SHARED_GPU_ENV}={raw!r}: want a positive token count")
+    return ["--mem-fraction-static", str(SHARED_GPU_MEM_FRACTION), "--max-total-tokens", str(n)]
+
+
+def shared_gpu_kwargs() -> dict:
+    """:func:`shared_gpu_args` as ``sglang.Engine`` keyword arguments (``{}`` when unset)."""
+    a = shared_gpu_args()
+    return {"mem_fraction_static": float(a[1]), "max_total_tokens": int(a[3])} if a else {}
+
 
 def launch_server(model: str, base_url: str, args: list[str], env: dict | None = None,
                   log_path: str | None = None, timeout: float = 600):
@@ -22,7 +55,8 @@ def launch_server(model: str, base_url: str, args: list[str], env: dict | None =
 
     ``VERIFY_GRAPH_SERVER_WRAPPER`` (env of the test process), e.g. ``"compute-sanitizer --tool
     memcheck --target-processes all"``, is put in front of the command; ``VERIFY_GRAPH_SERVER_TIMEOUT``
-    (s) then overrides ``timeout``."""
+    (s) then overrides ``timeout``. :func:`shared_gpu_args` go last (argparse: the last value
+    wins)."""
     import shlex
 
     out = open(log_path, "w") if log_path else None
@@ -31,7 +65,7 @@ def launch_server(model: str, base_url: str, args: list[str], env: dict | None =
     if wrapper:
         timeout = float(os.environ.get("VERIFY_GRAPH_SERVER_TIMEOUT", timeout))
     cmd = [*wrapper, sys.executable, "-m", "sglang.launch_server", "--model-path", model,
-           "--host", host.split("//")[-1], "--port", port, *args]
+           "--host", host.split("//")[-1], "--port", port, *args, *shared_gpu_args()]
     proc = subprocess.Popen(cmd, env=env or dict(os.environ), stdout=out or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     t0 = time.time()

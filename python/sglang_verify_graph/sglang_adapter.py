@@ -338,9 +338,40 @@ def sync_check_hook(original: Callable, *args, **kwargs):
     return get_sync_check().run(original, *args, **kwargs)
 
 
+TOP_P_RENORM = "sgl_kernel.top_p_renorm_prob"
+TOP_K_RENORM = "sgl_kernel.top_k_renorm_prob"
+"""sgl_kernel's renormalisation kernels; SGLang 0.5.16's sampled verify
+(``speculative/eagle_utils.py``) imports them from ``sgl_kernel`` at each call, so wrapping the
+module attribute sees every call."""
+
+
+def top_p_renorm_hook(original: Callable, *args, **kwargs):
+    """AROUND :data:`TOP_P_RENORM` (sync check only): count the call inside a verify step."""
+    from sglang_verify_graph.sync_check import get_sync_check
+
+    get_sync_check().note("top_p_renorm_prob")
+    return original(*args, **kwargs)
+
+
+def top_k_renorm_hook(original: Callable, *args, **kwargs):
+    """AROUND :data:`TOP_K_RENORM` (sync check only): count the call inside a verify step."""
+    from sglang_verify_graph.sync_check import get_sync_check
+
+    get_sync_check().note("top_k_renorm_prob")
+    return original(*args, **kwargs)
+
+
 def sync_check_hooks() -> list[tuple[str, Callable, HookType]]:
-    return [(VERIFY, sync_check_hook, HookType.AROUND),
-            (GET_INTERNAL_STATE, internal_state_hook, HookType.AFTER)]
+    """The verify-step wrapper, the internal-state report and, where ``sgl_kernel`` is installed
+    (not on the CPU CI machine), the renorm-kernel counters."""
+    import importlib.util
+
+    hooks = [(VERIFY, sync_check_hook, HookType.AROUND),
+             (GET_INTERNAL_STATE, internal_state_hook, HookType.AFTER)]
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        hooks += [(TOP_P_RENORM, top_p_renorm_hook, HookType.AROUND),
+                  (TOP_K_RENORM, top_k_renorm_hook, HookType.AROUND)]
+    return hooks
 
 
 # ---- registration --------------------------------------------------------------------------

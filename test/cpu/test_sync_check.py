@@ -41,7 +41,7 @@ def test_counts_synchronizing_calls_and_restores_the_mode(fake_mode):
         return n
 
     assert check.run(step, 0) == 0
-    assert check.snapshot() == {"calls": 1, "syncs": 0, "first": None}
+    assert check.snapshot() == {"calls": 1, "syncs": 0, "first": None, "kernel_calls": {}}
     assert check.run(step, 2) == 2
     snap = check.snapshot()
     assert snap["calls"] == 2 and snap["syncs"] == 2 and MSG in snap["first"]
@@ -86,7 +86,34 @@ def test_errors_propagate_and_are_counted(fake_mode):
 def test_env_and_hook_list():
     assert read_env({ENV_SYNC_CHECK: "1"}).sync_check and not read_env({}).sync_check
     targets = [t for t, _, _ in sglang_adapter.sync_check_hooks()]
-    assert targets == [sglang_adapter.VERIFY, sglang_adapter.GET_INTERNAL_STATE]
+    assert targets[:2] == [sglang_adapter.VERIFY, sglang_adapter.GET_INTERNAL_STATE]
+    import importlib.util
+
+    renorm = [sglang_adapter.TOP_P_RENORM, sglang_adapter.TOP_K_RENORM]
+    assert targets[2:] == (renorm if importlib.util.find_spec("sgl_kernel") else [])
+
+
+def test_kernel_calls_counted_only_inside_the_step(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: None)
+    check = sync_check.SyncCheck()
+    check.note("top_p_renorm_prob")  # outside a verify step: not counted
+    check.run(lambda: (check.note("top_p_renorm_prob"), check.note("top_p_renorm_prob"),
+                       check.note("top_k_renorm_prob")))
+    check.note("top_k_renorm_prob")
+    assert check.snapshot()["kernel_calls"] == {"top_p_renorm_prob": 2, "top_k_renorm_prob": 1}
+
+
+def test_renorm_hooks_count_and_pass_through(monkeypatch):
+    check = sync_check.SyncCheck()
+    monkeypatch.setattr(sync_check, "_CHECK", check)
+    seen = []
+    check._inside = 1
+    out = sglang_adapter.top_p_renorm_hook(lambda p, t: seen.append((p, t)) or "probs", "P", "T")
+    assert out == "probs" and seen == [("P", "T")]
+    assert check.snapshot()["kernel_calls"] == {"top_p_renorm_prob": 1}
 
 
 def test_internal_state_reports_the_check(monkeypatch):

@@ -20,7 +20,8 @@ target: next token ``g(t)``; a draft agreeing on ~70% of ids), so outputs can be
 * **Sampling** (bug_log 8 territory): temperature 4 (the pair's logit margin 32 becomes 8: p(g(t)) ~ 0.85, so the
   target is far from one-hot) and top-p 0.9, 48 requests on our server and on upstream's graph:
   the mean accept length and accept rate agree within four standard errors, and some drafts are
-  accepted (rate > 0.05). Not seeded: SGLang 0.5.16 uses ``sampling_seed`` only with
+  accepted (rate > 0.05); then 16 requests at top-p 1.0 call no ``top_p_renorm_prob`` inside a
+  verify step (the 0.9 phase must have called it). Not seeded: SGLang 0.5.16 uses ``sampling_seed`` only with
   ``--enable-deterministic-inference``, which the verify graph refuses.
 
 Env: ``E2E_MODELS_DIR``, ``E2E_LOG_DIR`` (server logs, reliab_results.json), ``RELIAB_REQUESTS``
@@ -240,13 +241,13 @@ def test_feature_mix_grammar_logprobs_plain(pair):
     assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"] > 0, st
 
 
-def _sampling_stats(server, n=48, tokens=48):
+def _sampling_stats(server, n=48, tokens=48, top_p=0.9):
     rng = random.Random(9)
 
     def one(k):
         ids = [rng.randrange(10, ap.VOCAB - 10) for _ in range(32)]
         return server.generate({"input_ids": ids, "sampling_params": {
-            "max_new_tokens": tokens, "temperature": 4.0, "top_p": 0.9, "ignore_eos": True}})
+            "max_new_tokens": tokens, "temperature": 4.0, "top_p": top_p, "ignore_eos": True}})
 
     with cf.ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(one, range(n)))
@@ -255,13 +256,32 @@ def _sampling_stats(server, n=48, tokens=48):
     return lengths, rates
 
 
+def _kernel_calls(server):
+    info = requests.get(f"{server.base}/get_server_info", timeout=30).json()
+    check = info["internal_states"][0].get("verify_sync_check")
+    assert check is not None, "SGLANG_VERIFY_GRAPH_SYNC_CHECK hooks not installed"
+    return check["kernel_calls"]
+
+
 def test_sampling_acceptance_matches_upstream(pair):
-    with _Server(pair, "sampling_ours", ["--enable-verify-cuda-graph"]) as s:
+    """Also: with top_p = 1 the verify step runs no top-p renormalisation (sglang#6949): our
+    server counts sgl_kernel's ``top_p_renorm_prob`` calls inside verify steps
+    (``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1``, ``sync_check.SyncCheck.note``); the top_p 0.9 phase
+    must call it (the counter works), a following top_p 1.0 phase must not."""
+    with _Server(pair, "sampling_ours", ["--enable-verify-cuda-graph"],
+                 {"SGLANG_VERIFY_GRAPH_SYNC_CHECK": "1"}) as s:
         ours = _sampling_stats(s)
+        calls_p09 = _kernel_calls(s)
+        _sampling_stats(s, n=16, top_p=1.0)
+        calls_p10 = _kernel_calls(s)
         st = s.state()
     with _Server(pair, "sampling_upstream", []) as s:
         up = _sampling_stats(s)
-    RESULTS["sampling"] = {"ours": ours, "upstream": up, "plugin": st}
+    RESULTS["sampling"] = {"ours": ours, "upstream": up, "plugin": st,
+                           "kernel_calls": {"after_top_p_0.9": calls_p09, "after_top_p_1.0": calls_p10}}
+    assert calls_p09.get("top_p_renorm_prob", 0) > 0, calls_p09
+    assert calls_p10.get("top_p_renorm_prob", 0) == calls_p09["top_p_renorm_prob"], (calls_p09, calls_p10)
+    assert calls_p10.get("top_k_renorm_prob", 0) == 0, calls_p10  # top_k unset: no top-k renorm
     for name, a, b in (("accept_length", ours[0], up[0]), ("accept_rate", ours[1], up[1])):
         se = math.sqrt(statistics.pvariance(a) / len(a) + statistics.pvariance(b) / len(b))
         diff = abs(statistics.mean(a) - statistics.mean(b))

@@ -2,7 +2,9 @@
 
 Starts real SGLang 0.5.16 servers (one at a time: GPU memory) on a dummy-weight Llama target and its
 EAGLE-3 draft (scripts/make_models.py; ``E2E_MODEL``: ``llama-small`` by default, ``llama-8b`` for the
-Llama-3.1-8B shape of the slice-1 issue), EAGLE-3 topk 1, 2 steps, 3 draft tokens, triton attention:
+Llama-3.1-8B shape of the slice-1 issue; ``kimi-small`` / ``kimi-small-mla`` for the Kimi-K2.5-shaped MLA +
+MoE target with the Llama-style / MLA drafter), EAGLE-3 topk 1, 2 steps, 3 draft tokens, attention backend
+``E2E_BACKEND`` (default triton):
 
 * ``ours``      the same server with ``--enable-verify-cuda-graph`` (the plugin's runner);
 * ``upstream``  the same server without it (upstream's TARGET_VERIFY graph);
@@ -24,7 +26,9 @@ appends ``--device``, while this tier must exercise the stock ``python -m sglang
 Env: ``E2E_MODEL`` (target folder name under the models dir, with ``<name>-eagle3`` as the draft;
 default ``llama-small``), ``E2E_LOG_DIR`` (server logs + e2e_results.json, default /tmp/e2e_logs), ``E2E_MODELS_DIR``
 (default /tmp/models; made in a temp folder when missing), ``E2E_LAUNCH_TIMEOUT`` (s, default 300),
-``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
+``E2E_BACKEND`` (``--attention-backend``, default triton; flashmla and flashinfer on the MLA targets),
+``E2E_DRAFT_BACKEND`` (``--speculative-draft-attention-backend``, unset by default; the Llama-style draft
+on flashmla needs ``triton``), ``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
 ``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the reference
 servers' top-2 logprob gap (min of the two) is below it).
 """
@@ -63,15 +67,19 @@ def _has_cuda() -> bool:
 
 pytestmark = [pytest.mark.server, pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU")]
 
-COMMON = ["--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch",
+BACKEND = os.environ.get("E2E_BACKEND", "triton")
+DRAFT_BACKEND = os.environ.get("E2E_DRAFT_BACKEND", "")
+COMMON = ["--load-format", "dummy", "--attention-backend", BACKEND, "--sampling-backend", "pytorch",
           "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache", "--skip-tokenizer-init",
           "--grammar-backend", "none", "--mem-fraction-static", "0.5", "--cuda-graph-max-bs-decode", "8",
           "--context-length", "4096", "--random-seed", "0"]
 
 
 def spec_args(draft):
+    draft_backend = ["--speculative-draft-attention-backend", DRAFT_BACKEND] if DRAFT_BACKEND else []
     return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-eagle-topk", "1", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "3"]
+            "--speculative-eagle-topk", "1", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "3",
+            *draft_backend]
 
 
 def _free_port() -> int:
@@ -126,8 +134,10 @@ class Server:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(LOG_DIR, f"server_{name}.log")
+        from server_utils import shared_gpu_args
+
         self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, *COMMON, *extra,
-                    "--host", "127.0.0.1", "--port", str(self.port)]
+                    "--host", "127.0.0.1", "--port", str(self.port), *shared_gpu_args()]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop(PLUGIN_ENV, None)  # only the CLI flag enables the plugin here
         t0 = time.time()
@@ -225,6 +235,8 @@ def servers(tmp_path_factory):
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_models.py"), models, "--only", MODEL],
                        check=True)
     RESULTS["model"] = MODEL
+    RESULTS["attention_backend"] = BACKEND
+    RESULTS["draft_attention_backend"] = DRAFT_BACKEND or None
     sv = Servers(models)
     try:
         yield sv

@@ -31,14 +31,16 @@ _DRIVER = textwrap.dedent("""
     import json, random, sys
     from sglang.srt.entrypoints.engine import Engine
     target = sys.argv[1]
+    shared = json.loads(sys.argv[2])  # server_utils.shared_gpu_kwargs() (PARALLEL=1 in gpu_job.sh)
     eng = Engine(model_path=target, speculative_draft_model_path=target + "-eagle3",
                  speculative_algorithm="EAGLE3", speculative_eagle_topk=1,
                  speculative_num_steps=2, speculative_num_draft_tokens=3,
                  load_format="dummy", attention_backend="triton", enable_multimodal=False,
                  skip_tokenizer_init=True, cuda_graph_bs_decode=[1, 2, 4, 8],
                  max_running_requests=8, cuda_graph_backend_prefill="disabled",
-                 disable_radix_cache=True, mem_fraction_static=0.6, context_length=4096,
-                 sampling_backend="pytorch", random_seed=0)
+                 disable_radix_cache=True, context_length=4096,
+                 sampling_backend="pytorch", random_seed=0,
+                 **{"mem_fraction_static": 0.6, **shared})
     try:
         rng = random.Random(7)
         vocab = 32000
@@ -60,7 +62,10 @@ def test_kimi_k25_wrapper_verify_graph_equals_eager():
     if not os.path.isfile(os.path.join(target, "config.json")):
         pytest.skip(f"{target} missing (scripts/make_models.py)")
     env = dict(os.environ, SGLANG_ENABLE_VERIFY_CUDA_GRAPH="1", SGLANG_VERIFY_GRAPH_SELFTEST="1")
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, target], env=env, capture_output=True,
+    from server_utils import shared_gpu_kwargs
+
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, target, json.dumps(shared_gpu_kwargs())],
+                          env=env, capture_output=True,
                           text=True, timeout=900)
     log_dir = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
     os.makedirs(log_dir, exist_ok=True)

@@ -92,11 +92,11 @@ def _state():
     return info["internal_states"][0]["verify_cuda_graph"]
 
 
-def _burst(n_requests, lengths):
+def _burst(n_requests, lengths, prompt_lens=None):
     rng = random.Random(n_requests)
     vocab = _vocab()
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(rng.randrange(16, 300))]
-               for _ in range(n_requests)]
+    prompt_lens = prompt_lens or [rng.randrange(16, 300) for _ in range(n_requests)]
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(n)] for n in prompt_lens]
     with cf.ThreadPoolExecutor(n_requests) as pool:
         outs = list(pool.map(_generate, prompts, lengths))
     for o, n in zip(outs, lengths):
@@ -121,6 +121,25 @@ def test_graph_equals_eager_on_every_bucket_with_poisoned_padding(server):
     assert st.get("hidden_missing", 0) == 0
     assert st["addresses_stable"]
     assert s["fallback_total"] == 0 and s["replays"] == s["verify_steps"]
+
+
+PAGE_EDGES = [63, 64, 65, 127, 128, 129]
+
+
+def test_page_boundary_lengths_equal_eager(server):
+    """Issue #3 item 3 (page size 64 on flashmla; every page size on the others): prompts of
+    63/64/65/127/128/129 tokens, so the first verify windows (prefix + num_draft_tokens) straddle
+    a page edge; 6 requests run in the padded bucket 8. The self-test compares every replay with
+    the eager forward."""
+    before = _state()
+    _burst(len(PAGE_EDGES), [8] * len(PAGE_EDGES), prompt_lens=PAGE_EDGES)
+    s = _state()
+    st, st0 = s["selftest"], before["selftest"]
+    assert st["checks"] > st0["checks"] and st["checks"] == s["replays"], (st0, st)
+    assert 6 in {int(k) for k in st["raw_bs_seen"]}, st["raw_bs_seen"]
+    assert st["logits_max_rel_err"] < 1e-2 and st["hidden_max_rel_err"] < 1e-2, st
+    assert st["nonfinite_rows"] == 0, st
+    assert s["fallback_total"] == before["fallback_total"], s["fallbacks"]
 
 
 def test_batch_above_largest_bucket_falls_back_with_reason(server):
