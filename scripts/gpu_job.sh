@@ -23,6 +23,12 @@
 #          ACCEPT_STEPS="1 2 3 5" adds num_steps 1/2/5 on ours; 3-6 server starts)
 #   reliab test/e2e/test_reliability_e2e.py (padding/NaN guard, KV accounting, feature mix, sampling)
 #   bench  python3 benchmark/bench_verify.py ... $BENCH_ARGS (llama-8b; ours, upstream, plain engines)
+#   e2e_mla  the e2e tier per E2E_MLA_CASES model:backend[:draft_backend] (Kimi targets x MLA backends)
+#   reliab_kv1 / reliab_kv64 / reliab_mix / reliab_sampling   one reliab test each; accept_shape
+#          num_steps 1, 2, 5 on ours; wait: barrier (PARALLEL=1: wait, then one at a time)
+#   groups: issue6 (issue6a, wait, sanitizer), issue6a, issue3 (mla native e2e_mla); PARALLEL=1
+#          runs stages at once, test servers' KV pools capped at SHARED_GPU_TOKENS (65536) tokens
+#          (docs/gpu_machine.md "Running stages at once"); never for bench or sanitizer
 # Each stage runs in its own process group with its own timeout (leftovers killed after it).
 # Stage times measured on the H200 2026-11-29 with a warm kernel cache (a cold one adds ~60 s to the
 # first SGLang start): setup 5-15 s; gpu ~150-190 s (kernel cases 45 s + one selftest server);
@@ -57,10 +63,15 @@ W=$BASE/gpujob; rm -rf "$W"; LOGS=$W/logs; mkdir -p "$LOGS"
 SITE=$BASE/site; MODELS=$BASE/models
 SUMMARY=$W/summary.txt; : > "$SUMMARY"
 STAGES=${STAGES:-gpu e2e bench}
-[ "$STAGES" = all ] && STAGES="gpu nan mla native sanitizer e2e profile accept reliab bench"  # ~1 h
-if [ "$STAGES" = issue6 ]; then  # issue #6 (reliability), every GPU part in one call: PARALLEL=1
-  STAGES="sanitizer gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling"; PARALLEL=${PARALLEL:-1}
-fi
+[ "$STAGES" = all ] && STAGES="gpu nan mla native sanitizer e2e e2e_mla profile accept accept_shape reliab bench"  # ~1.5 h
+# issue #6 (reliability), every GPU part: the server stages at once (PARALLEL=1), then, after a
+# barrier (pseudo-stage "wait": wait for them, run the rest one at a time), compute-sanitizer alone
+# (memcheck beside 9 other stages timed out, 2026-12-01). Over 10 minutes in all: on the lent H200
+# (10-minute calls) run issue6a, then STAGES=sanitizer.
+case $STAGES in
+  issue6)  STAGES="gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling wait sanitizer"; PARALLEL=${PARALLEL:-1} ;;
+  issue6a) STAGES="gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling"; PARALLEL=${PARALLEL:-1} ;;
+esac
 if [ "$STAGES" = issue3 ]; then  # issue #3 (MLA targets): self-tests and e2e per backend x drafter
   STAGES="mla native e2e_mla"; PARALLEL=${PARALLEL:-1}
 fi
@@ -170,8 +181,15 @@ run_stage() {  # name limit_s cmd...; PARALLEL=1: in the background, each with i
     _stage_body "$name" "$tmo" "$@"
   fi
 }
+wait_parallel() {  # barrier: wait for the background stages; later stages run one at a time
+  [ "$PAR" = 1 ] || return 0
+  say "== PARALLEL=1: $(echo $PAR_PIDS | wc -w) stages running at once (KV pools capped at $VERIFY_GRAPH_SHARED_GPU_TOKENS tokens per server)"
+  for p in $PAR_PIDS; do wait "$p"; done
+  PAR_PIDS=""; PAR=0
+}
 for st in $STAGES; do
   case $st in
+    wait) wait_parallel ;;
     gpu)
       if ls test/gpu/test_*.py >/dev/null 2>&1; then
         run_stage gpu "${GPU_TMO:-180}" python3 -m pytest -x -q -rs -m gpu test/gpu --ignore=test/gpu/test_kimi_k25_engine.py -p no:cacheprovider $COLLECT ${GPU_ARGS:-}
@@ -196,9 +214,13 @@ for st in $STAGES; do
       if [ -z "$SANBIN" ]; then RC[sanitizer_kernel]=absent; ORDER="$ORDER sanitizer_kernel"
         say "== stage sanitizer: SKIPPED (compute-sanitizer not found)"; continue; fi
       SAN="$SANBIN --tool memcheck --target-processes all --error-exitcode 99"
+      # 4 kernel cases: page-edge lengths 63..129 and mixed lengths, ndt 3, both shapes (16 cases took
+      # > 400 s under memcheck with 9 other stages running, 2026-12-01)
       run_stage sanitizer_kernel "${SANITIZER_KERNEL_TMO:-200}" $SAN --log-file "$LOGS/memcheck_kernel.%p.txt" \
-        python3 -m pytest -x -q -rs -m gpu test/gpu/test_chain_kernel_gpu.py -k "seq_lens2 or seq_lens3" -p no:cacheprovider $COLLECT
+        python3 -m pytest -x -q -rs -m gpu test/gpu/test_chain_kernel_gpu.py -k "(seq_lens2 or seq_lens3) and (3-llama8b or 3-kimi_tp8)" -p no:cacheprovider $COLLECT
+      # the self-test server with a short burst (4..32 tokens; memcheck runs ~1.5 s per verify step)
       VERIFY_GRAPH_SERVER_WRAPPER="$SAN --log-file $LOGS/memcheck_server.%p.txt" VERIFY_GRAPH_SERVER_TIMEOUT=${SANITIZER_SERVER_WAIT:-420} \
+        VERIFY_GRAPH_SELFTEST_TOKENS=${SANITIZER_TOKENS:-4} VERIFY_GRAPH_SELFTEST_REQ_TIMEOUT=900 \
         VERIFY_GRAPH_SELFTEST_PORT=31873 run_stage sanitizer_server "${SANITIZER_SERVER_TMO:-480}" \
         python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k "graph_equals or page_boundary" -p no:cacheprovider $COLLECT ;;
     native)  # our runner around the backends' own verify kernels (backends.py)
@@ -234,10 +256,7 @@ for st in $STAGES; do
     *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, reliab, reliab_kv, reliab_mix, bench; issue3, issue6, all)" ;;
   esac
 done
-if [ "$PAR" = 1 ]; then
-  say "== PARALLEL=1: $(echo $PAR_PIDS | wc -w) stages running at once (KV pools capped at $VERIFY_GRAPH_SHARED_GPU_TOKENS tokens per server)"
-  for p in $PAR_PIDS; do wait "$p"; done
-fi
+wait_parallel
 for k in $ORDER; do [ -f "$W/rc_$k" ] && RC[$k]=$(cat "$W/rc_$k"); done
 
 # ---------------------------------------------------------------- results

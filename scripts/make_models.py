@@ -111,13 +111,17 @@ def kimi_small_mla(layers: int = 6):
 
 def kimi_k25_small(layers: int = 6):
     """``KimiK25ForConditionalGeneration`` (Kimi-K2.5's architecture name) around the kimi-small
-    text model, with a 1-layer vision tower (SGLang ``configs/kimi_k25.py`` field names)."""
+    text model, with a 1-layer vision tower (SGLang ``configs/kimi_k25.py`` field names, plus
+    ``vt_hidden_size``, which SGLang 0.5.16's ``K2VLMultiModalProjector`` reads from the vision
+    config and the real Kimi-K2.5 config.json carries; without it the model fails to build, as
+    seen on the H200 on 2026-12-01)."""
     text, draft = kimi_small(layers)
     t = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
          "text_config": dict(text), "vision_config": {
              "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
              "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed", "num_attention_heads": 16,
-             "num_hidden_layers": 1, "hidden_size": 1152, "intermediate_size": 4304,
+             "num_hidden_layers": 1, "hidden_size": 1152, "vt_hidden_size": 1152,
+             "intermediate_size": 4304,
              "merge_kernel_size": [2, 2], "video_attn_type": "spatial_temporal",
              "merge_type": "sd2_tpool", "mm_projector_type": "patchmerger",
              "projector_hidden_act": "gelu", "projector_ln_eps": 1e-5, "text_hidden_size": 7168},

@@ -11,7 +11,9 @@ Two kinds of verify attention inside ``VerifyCudaGraphRunner``'s graphs:
   FlashMLA take ``num_draft_tokens`` queries per request over a split-KV paged cache; SGLang's
   ``flashinfer`` factory gives MLA models ``FlashInferMLAAttnBackend``, a split-KV MLA decode),
   so the runner keeps it and adds what it owns: bucket policy, padded rows neutralised, every
-  fallback counted with its reason, the self-test. Not yet run on a GPU. FlashInfer for MHA
+  fallback counted with its reason, the self-test. flashmla and flashinfer ran on the H200 (run 9,
+  ``docs/benchmarks.md`` section 7: self-test, parity, ours / upstream 0.98-1.02); fa3 did not
+  (its kernel library cannot be carried there). FlashInfer for MHA
   targets (``FlashInferAttnBackend``: a prefill kernel with a tree mask) is not served.
 
 ``flashmla`` serves MLA only. An MHA EAGLE-3 draft (``LlamaForCausalLMEagle3``) inherits the

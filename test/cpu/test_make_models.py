@@ -107,3 +107,26 @@ def test_sglang_reads_the_mla_models(models_dir, name, draft_arch):
     draft = ModelConfig(os.path.join(models_dir, name + "-eagle3"), is_draft_model=True)
     assert draft.hf_config.architectures == [draft_arch]
     assert (draft.attention_arch == AttentionArch.MLA) == (draft_arch.startswith("Eagle3Deepseek"))
+
+
+def test_kimi_k25_vision_config_has_every_vt_field_sglang_reads(models_dir):
+    """SGLang 0.5.16's ``models/kimi_k25.py`` reads ``config.vt_*`` fields from the vision config
+    (``K2VLMultiModalProjector``: ``vt_hidden_size``) that ``KimiK25VisionConfig`` does not
+    define; a config without them builds on the CPU but fails at model init on the GPU (the
+    ``mla`` stage on the H200, 2026-12-01: ``'KimiK25VisionConfig' object has no attribute
+    'vt_hidden_size'``)."""
+    pytest.importorskip("sglang")
+    import re
+
+    import importlib.util
+
+    from sglang.srt.configs.kimi_k25 import KimiK25Config
+
+    with open(importlib.util.find_spec("sglang.srt.models.kimi_k25").origin) as f:
+        wanted = set(re.findall(r"config\.(vt_[a-z_]+)", f.read()))
+    assert "vt_hidden_size" in wanted  # the scan still finds what it is for
+    with open(os.path.join(models_dir, "kimi-k25-small", "config.json")) as f:
+        raw = json.load(f)
+    cfg = KimiK25Config(**{k: v for k, v in raw.items() if k != "model_type"})
+    missing = [a for a in sorted(wanted) if not hasattr(cfg.vision_config, a)]
+    assert not missing, f"vision_config lacks {missing}"

@@ -11,7 +11,7 @@ target: next token ``g(t)``; a draft agreeing on ~70% of ids), so outputs can be
   check is strict by default; ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1`` runs the pool
   invariant while busy too, and ``SGLANG_CHECK_KV_PAGE_INVARIANTS=1`` adds the page checks to it;
   a hit there is SGLang's own assertion and crashes the scheduler, which the test reports);
-  every verify step replayed our graph or fell back for a counted reason.
+  every verify step replayed our graph (buckets up to 24 = ``--max-running-requests``).
 * **Feature mix** (sglang#24283, bug_log 10: grammar / logprob requests crash the scheduler): one
   batch of JSON-schema requests (xgrammar), logprob + top-logprob requests and plain requests.
   Schemas hold; plain and logprob outputs equal the target's greedy chain (the run without the
@@ -137,8 +137,11 @@ def test_kv_accounting_after_aborts_and_prefix_hits(pair, page_size):
         tail = [rng.randrange(10, ap.VOCAB - 10) for _ in range(n_tail)]
         # fixed width: SGLang aborts every rid that *starts with* the given one
         jobs.append((f"kv{page_size}-{i:05d}", head + tail, rng.randrange(1, 40), rng.random() < 0.1))
+    # graphs up to 24 = max running requests: every verify step replays our graph (run 1 on
+    # 2026-12-01 captured up to 8, so 520 of 535 verify steps fell back to eager verify)
     with _Server(pair, f"kv_page{page_size}", ["--enable-verify-cuda-graph", "--page-size",
-                                                str(page_size), "--max-running-requests", "24"],
+                                                str(page_size), "--max-running-requests", "24",
+                                                "--cuda-graph-max-bs-decode", "24"],
                  {"SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
                   "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}) as s:
         used0, _ = _used_tokens(s.base)
@@ -176,8 +179,7 @@ def test_kv_accounting_after_aborts_and_prefix_hits(pair, page_size):
     assert used0 == 0 and used1 == 0, (used0, used1, loads)
     leaks = [m for m in LEAK_MARKERS if m in log]
     assert not leaks, f"server log reports {leaks}"
-    assert st["replays"] > 0 and st["replays"] + st["fallback_total"] == st["verify_steps"], st
-    assert set(st["fallbacks"]) <= {"batch_size_above_max_captured"}, st["fallbacks"]
+    assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"] > 0, st
 
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},

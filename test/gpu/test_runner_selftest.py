@@ -18,7 +18,12 @@ falling back silently (vllm#54933 class): it must fall back with a logged, count
 ``VERIFY_GRAPH_SELFTEST_NAN=1`` (gpu_job stage ``nan``) runs the same server with SGLang's NaN
 detection on and ``SGLANG_VERIFY_GRAPH_SELFTEST_NAN=1``: every padded row carries NaN through
 every layer of each padded replay (issue #6 item 9); real rows must stay finite and equal to
-eager, and SGLang's NaN detection must never fire. SGLang 0.5.16 has no ``--enable-nan-detection``
+eager, and SGLang's NaN detection must never fire.
+
+Env for slow runs (gpu_job stage ``sanitizer``: every kernel under compute-sanitizer memcheck, ~1.5 s
+per verify step on the H200): ``VERIFY_GRAPH_SELFTEST_TOKENS`` (tokens per request step of the
+shrinking burst, default 24: requests get 24, 48, ..., 192 tokens; 4 still walks every batch size
+8 -> 1) and ``VERIFY_GRAPH_SELFTEST_REQ_TIMEOUT`` (s per request, default 300). SGLang 0.5.16 has no ``--enable-nan-detection``
 flag any more: its NaN detection is ``SGLANG_ENABLE_ASYNC_ASSERT=1`` (``utils/async_probe.py``:
 device-side asserts on the verify logits, ``eagle_worker_common.py``, and on the draft's logits
 and top-k probabilities), which would crash the scheduler on a leaked NaN.
@@ -52,6 +57,8 @@ PORT = int(os.environ.get("VERIFY_GRAPH_SELFTEST_PORT", "31870"))
 NAN = os.environ.get("VERIFY_GRAPH_SELFTEST_NAN") == "1"
 LOG_DIR = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
 LOG = f"{LOG_DIR}/server_selftest_{MODEL}_{BACKEND}{'_nan' if NAN else ''}.log"
+TOKENS = int(os.environ.get("VERIFY_GRAPH_SELFTEST_TOKENS", "24"))
+REQ_TIMEOUT = float(os.environ.get("VERIFY_GRAPH_SELFTEST_REQ_TIMEOUT", "300"))
 BASE = f"http://127.0.0.1:{PORT}"
 
 
@@ -81,7 +88,7 @@ def server():
 
 
 def _generate(ids, n):
-    r = requests.post(f"{BASE}/generate", timeout=300, json={
+    r = requests.post(f"{BASE}/generate", timeout=REQ_TIMEOUT, json={
         "input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}})
     r.raise_for_status()
     return r.json()
@@ -105,7 +112,7 @@ def _burst(n_requests, lengths, prompt_lens=None):
 
 
 def test_graph_equals_eager_on_every_bucket_with_poisoned_padding(server):
-    _burst(8, [24 * (i + 1) for i in range(8)])  # running batch shrinks 8 -> 1
+    _burst(8, [TOKENS * (i + 1) for i in range(8)])  # running batch shrinks 8 -> 1
     s = _state()
     st = s["selftest"]
     assert st["checks"] > 0 and st["checks"] == s["replays"]

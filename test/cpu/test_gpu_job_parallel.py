@@ -1,0 +1,74 @@
+"""CPU tier: the shared-GPU mode of the GPU job (``scripts/gpu_job.sh`` ``PARALLEL=1``).
+
+Failure modes guarded: stages run at once on the one H200 each start servers that size their KV
+pool from the memory free at start-up (SGLang 0.5.16), so a second server profiling at the same
+moment stops with "Not enough memory" unless every test server gets the capped pool flags, and
+they must come *after* the test's own ``--mem-fraction-static`` (argparse keeps the last one);
+the stage groups and the ``wait`` barrier must run what they name.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+import server_utils  # noqa: E402
+
+
+def test_shared_gpu_args_off_by_default(monkeypatch):
+    monkeypatch.delenv(server_utils.SHARED_GPU_ENV, raising=False)
+    assert server_utils.shared_gpu_args() == [] and server_utils.shared_gpu_kwargs() == {}
+
+
+def test_shared_gpu_args_and_kwargs(monkeypatch):
+    monkeypatch.setenv(server_utils.SHARED_GPU_ENV, "65536")
+    assert server_utils.shared_gpu_args() == ["--mem-fraction-static", "0.95", "--max-total-tokens", "65536"]
+    assert server_utils.shared_gpu_kwargs() == {"mem_fraction_static": 0.95, "max_total_tokens": 65536}
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "many"])
+def test_shared_gpu_tokens_must_be_positive(monkeypatch, bad):
+    monkeypatch.setenv(server_utils.SHARED_GPU_ENV, bad)
+    with pytest.raises(ValueError):
+        server_utils.shared_gpu_args()
+
+
+def test_launch_server_puts_the_shared_flags_last(monkeypatch):
+    monkeypatch.setenv(server_utils.SHARED_GPU_ENV, "1024")
+    seen = {}
+
+    class Exited:
+        returncode = 3
+
+        def __init__(self, cmd, **kw):
+            seen["cmd"] = cmd
+
+        def poll(self):
+            return 3
+
+    monkeypatch.setattr(server_utils.subprocess, "Popen", Exited)
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        server_utils.launch_server("/m", "http://127.0.0.1:1", ["--mem-fraction-static", "0.4"])
+    cmd = seen["cmd"]
+    assert cmd[-4:] == ["--mem-fraction-static", "0.95", "--max-total-tokens", "1024"]
+    assert cmd.index("0.4") < cmd.index("0.95")
+
+
+def test_parallel_dry_run_runs_each_stage_and_the_barrier(tmp_path):
+    """``DRY_RUN=1`` (collect-only) of two stages at once, a barrier, then one more stage."""
+    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), PARALLEL="1", PARALLEL_STAGGER_S="0",
+               STAGES="reliab_mix accept_shape wait reliab_kv64",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    summary = (tmp_path / "gpujob" / "summary.txt").read_text()
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "== PARALLEL=1: 2 stages running at once (KV pools capped at 65536 tokens per server)" in summary
+    assert "stages: reliab_mix=0 accept_shape=0 reliab_kv64=0" in summary
+    assert "-- accept_shape: 5 tests collected" in summary
+    assert "-- reliab_kv64: 1/4 tests collected (3 deselected)" in summary
+    # the barrier came before the last stage started
+    assert summary.index("PARALLEL=1: 2 stages") < summary.index("== stage reliab_kv64: rc=0")
