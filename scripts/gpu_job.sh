@@ -16,7 +16,7 @@
 #          (KimiK25ForConditionalGeneration target); MLA_MODELS picks
 #   native the self-test with our runner around a backend's own verify (NATIVE_CASES model:backend,
 #          default kimi-small-mla:flashmla kimi-small-mla:flashinfer; fa3 is not in the bundle)
-#   sanitizer  compute-sanitizer memcheck on 16 kernel cases, then on the self-test server
+#   sanitizer  compute-sanitizer memcheck on 4 kernel cases, then on the self-test server
 #          (llama-small, padded buckets); memcheck reports in logs/memcheck_*.txt
 #   profile test/e2e/test_profile_e2e.py (per-phase profile lines, /metrics, advisor on the log)
 #   accept test/e2e/test_accept_length_e2e.py (constructed pair: ours/upstream/eager accept lengths;
@@ -37,7 +37,7 @@
 # a stage never runs past TOTAL_S - RESERVE_S (the bench then keeps the modes it finished); for a
 # full bench run STAGES=bench alone (~4 min), e.g. after STAGES="gpu e2e".
 # Env (all optional):
-#   STAGES       default "gpu e2e bench"; "all" = every stage (about an hour: raise TOTAL_S)
+#   STAGES       default "gpu e2e bench"; "all" = every stage (about 1.5 hours: raise TOTAL_S)
 #   GPU_TMO / E2E_TMO / ACCEPT_TMO / RELIAB_TMO / BENCH_TMO   per-stage limits in s
 #                (default 180 / 240 / 300 / 300 / 270)
 #   TOTAL_S      whole-job budget in s (default 550); RESERVE_S kept for packing (default 40)
@@ -51,8 +51,9 @@
 #   BUNDLE       bundle folder (default ./.device-bundle); JITCACHE_MAX_MB (default 7)
 #   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
 #                collect tests (pytest --collect-only) and print the bench's Engine kwargs (--dry-run)
-# Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs, server logs, child logs),
-# bench_results.json, e2e_results.json, jitcache.tar.xz (copy into .device-bundle/ for next time).
+# Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs; logs/e2e/<stage>/ holds each stage's
+# server logs and results), bench_results.json, e2e_results.json (stage e2e), stage_results.tar.gz
+# (every stage's *_results.json), jitcache.tar.xz (copy into .device-bundle/ for next time).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd); cd "$ROOT"
 DRY=${DRY_RUN:-0}
@@ -68,13 +69,16 @@ STAGES=${STAGES:-gpu e2e bench}
 # barrier (pseudo-stage "wait": wait for them, run the rest one at a time), compute-sanitizer alone
 # (memcheck beside 9 other stages timed out, 2026-12-01). Over 10 minutes in all: on the lent H200
 # (10-minute calls) run issue6a, then STAGES=sanitizer.
-case $STAGES in
-  issue6)  STAGES="gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling wait sanitizer"; PARALLEL=${PARALLEL:-1} ;;
-  issue6a) STAGES="gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling"; PARALLEL=${PARALLEL:-1} ;;
-esac
-if [ "$STAGES" = issue3 ]; then  # issue #3 (MLA targets): self-tests and e2e per backend x drafter
-  STAGES="mla native e2e_mla"; PARALLEL=${PARALLEL:-1}
-fi
+_expanded=""  # group names anywhere in STAGES expand in place and default PARALLEL to 1
+for _g in $STAGES; do
+  case $_g in
+    issue6)  _expanded="$_expanded gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling wait sanitizer"; PARALLEL=${PARALLEL:-1} ;;
+    issue6a) _expanded="$_expanded gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling"; PARALLEL=${PARALLEL:-1} ;;
+    issue3)  _expanded="$_expanded mla native e2e_mla"; PARALLEL=${PARALLEL:-1} ;;  # MLA targets: self-tests, e2e per backend x drafter
+    *) _expanded="$_expanded $_g" ;;
+  esac
+done
+STAGES=${_expanded# }
 TOTAL_S=${TOTAL_S:-550}; RESERVE_S=${RESERVE_S:-40}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -135,7 +139,7 @@ else
   plugin_ok >> "$LOGS/install.txt" && say "install: fallback ok" || say "install: FALLBACK FAILED (see logs/install.txt)"
 fi
 python3 scripts/make_models.py "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "make_models FAILED: $(tail -3 "$LOGS/make_models.txt")"
-case " $STAGES " in *" accept "*|*" reliab "*|*" nan "*)  # the constructed-agreement pair (real weights, ~100 MB)
+case " $STAGES " in *" accept"*|*" reliab"*|*" nan "*)  # accept*, reliab*: the constructed-agreement pair (real weights, ~100 MB)
   python3 scripts/accept_pair.py "$MODELS" >> "$LOGS/make_models.txt" 2>&1 || say "accept_pair FAILED: $(tail -3 "$LOGS/make_models.txt")" ;;
 esac
 say "== setup done in $(el)s; CUDA_HOME=${CUDA_HOME:-none}; $(nvcc --version 2>/dev/null | tail -1)"
@@ -168,7 +172,7 @@ _stage_body() {  # name limit_s cmd...: runs one stage in its own process group,
   echo "$rc" > "$W/rc_$name"
   say "== stage $name: rc=$rc in $(( $(date +%s) - t1 ))s (limit ${tmo}s)$([ "$rc" = 124 ] && echo ' TIMED OUT')"
 }
-run_stage() {  # name limit_s cmd...; PARALLEL=1: in the background, each with its own E2E_LOG_DIR
+run_stage() {  # name limit_s cmd...; each with its own E2E_LOG_DIR=logs/e2e/<name>; PARALLEL=1: in the background
   local name=$1 tmo=$2; shift 2
   ORDER="$ORDER $name"
   local left=$(( T0 + TOTAL_S - RESERVE_S - $(date +%s) ))
@@ -178,14 +182,14 @@ run_stage() {  # name limit_s cmd...; PARALLEL=1: in the background, each with i
     E2E_LOG_DIR=$LOGS/e2e/$name _stage_body "$name" "$tmo" "$@" &
     PAR_PIDS="$PAR_PIDS $!"; sleep "${PARALLEL_STAGGER_S:-4}"
   else
-    _stage_body "$name" "$tmo" "$@"
+    E2E_LOG_DIR=$LOGS/e2e/$name _stage_body "$name" "$tmo" "$@"
   fi
 }
 wait_parallel() {  # barrier: wait for the background stages; later stages run one at a time
   [ "$PAR" = 1 ] || return 0
   say "== PARALLEL=1: $(echo $PAR_PIDS | wc -w) stages running at once (KV pools capped at $VERIFY_GRAPH_SHARED_GPU_TOKENS tokens per server)"
   for p in $PAR_PIDS; do wait "$p"; done
-  PAR_PIDS=""; PAR=0
+  PAR_PIDS=""; PAR=0; unset VERIFY_GRAPH_SHARED_GPU_TOKENS   # later stages own the GPU
 }
 for st in $STAGES; do
   case $st in
@@ -208,8 +212,9 @@ for st in $STAGES; do
             python3 -m pytest -x -q -rs -m gpu test/gpu/test_runner_selftest.py -k "graph_equals or page_boundary" -p no:cacheprovider $COLLECT
         fi
       done ;;
-    sanitizer)  # compute-sanitizer memcheck: kernel cases (page boundaries, mixed lengths), then
+    sanitizer)  # compute-sanitizer memcheck (alone: waits for parallel stages): kernel cases (page boundaries, mixed lengths), then
       # the self-test server (padded buckets, poisoned padding) with every process under memcheck
+      wait_parallel
       SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
       if [ -z "$SANBIN" ]; then RC[sanitizer_kernel]=absent; ORDER="$ORDER sanitizer_kernel"
         say "== stage sanitizer: SKIPPED (compute-sanitizer not found)"; continue; fi
@@ -247,13 +252,14 @@ for st in $STAGES; do
     e2e_mla)  # the e2e tier on the MLA targets: E2E_MLA_CASES model:backend[:draft_backend]
       for c in ${E2E_MLA_CASES:-kimi-small:triton kimi-small:flashmla:triton kimi-small:flashinfer kimi-small-mla:triton kimi-small-mla:flashmla kimi-small-mla:flashinfer}; do
         IFS=: read -r em eb ed <<< "$c"
-        E2E_MODEL=$em E2E_BACKEND=$eb E2E_DRAFT_BACKEND=${ed:-} E2E_LOG_DIR=$LOGS/e2e/e2e_${em}_${eb} run_stage "e2e_${em}_${eb}" "${E2E_TMO:-240}" \
+        E2E_MODEL=$em E2E_BACKEND=$eb E2E_DRAFT_BACKEND=${ed:-} run_stage "e2e_${em}_${eb}${ed:+_draft_$ed}" "${E2E_TMO:-240}" \
           python3 -m pytest -x -q -rs -m server test/e2e/test_server_e2e.py -p no:cacheprovider $COLLECT ${E2E_ARGS:-}
       done ;;
-    bench)
+    bench)  # alone (timing): waits for parallel stages
+      wait_parallel
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
-    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, reliab, reliab_kv, reliab_mix, bench; issue3, issue6, all)" ;;
+    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, accept_shape, reliab, reliab_kv1, reliab_kv64, reliab_mix, reliab_sampling, bench, wait; groups issue3, issue6, issue6a, all)" ;;
   esac
 done
 wait_parallel
@@ -266,9 +272,9 @@ for st in $ORDER; do
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
   grep -E '^E  ' "$LOGS/$st.log" | head -6 | cut -c1-400 | while read -r l; do say "   $l"; done
 done
-if [ -f "$LOGS/e2e/e2e_results.json" ]; then
-  cp "$LOGS/e2e/e2e_results.json" "$OUT/"
-  say "$(python3 - "$LOGS/e2e/e2e_results.json" <<'EOF' 2>&1 | head -12
+if [ -f "$LOGS/e2e/e2e/e2e_results.json" ]; then
+  cp "$LOGS/e2e/e2e/e2e_results.json" "$OUT/"
+  say "$(python3 - "$LOGS/e2e/e2e/e2e_results.json" <<'EOF' 2>&1 | head -12
 import json, sys
 r = json.load(open(sys.argv[1]))
 print("-- e2e startup_s", r.get("startup_s"))
@@ -281,10 +287,9 @@ if s: print("-- ours counters", {k: s.get(k) for k in ("runner", "capture_bs", "
 EOF
 )"
 fi
-for f in accept_results.json reliab_results.json profile_results.json; do [ -f "$LOGS/e2e/$f" ] && cp "$LOGS/e2e/$f" "$OUT/"; done
-# per-stage results (PARALLEL=1, e2e_mla; they are in logs.tar.gz too): one file, as $OUT takes 8
+# every stage's results (accept, reliab*, profile, e2e*; in logs.tar.gz too): one file, as $OUT takes 8
 (cd "$LOGS/e2e" 2>/dev/null && ls */*_results.json >/dev/null 2>&1 && tar -czf "$OUT/stage_results.tar.gz" */*_results.json)
-for d in "$LOGS"/e2e/e2e*/; do  # the e2e lines of each parallel e2e stage
+for d in "$LOGS"/e2e/e2e_*/; do  # the e2e lines of each e2e_mla stage
     [ -f "$d/e2e_results.json" ] || continue
     say "-- $(basename "$d"): $(python3 -c "
 import json, sys

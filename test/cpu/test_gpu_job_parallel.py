@@ -70,5 +70,24 @@ def test_parallel_dry_run_runs_each_stage_and_the_barrier(tmp_path):
     assert "stages: reliab_mix=0 accept_shape=0 reliab_kv64=0" in summary
     assert "-- accept_shape: 5 tests collected" in summary
     assert "-- reliab_kv64: 1/4 tests collected (3 deselected)" in summary
-    # the barrier came before the last stage started
-    assert summary.index("PARALLEL=1: 2 stages") < summary.index("== stage reliab_kv64: rc=0")
+    # the barrier: both parallel stages had finished before the last one started
+    start = p.stdout.index("== stage reliab_kv64 (limit")
+    assert p.stdout.index("== stage reliab_mix: rc=0") < start
+    assert p.stdout.index("== stage accept_shape: rc=0") < start
+
+
+def test_group_names_expand_in_place_and_default_to_parallel(tmp_path):
+    """``issue3`` inside a longer STAGES list expands to its stages (here one case each) and turns
+    on PARALLEL; an e2e_mla case with a draft backend gets its own stage name (own logs)."""
+    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), PARALLEL_STAGGER_S="0",
+               STAGES="issue3 reliab_mix", MLA_MODELS="kimi-small-mla",
+               NATIVE_CASES="kimi-small-mla:flashmla", E2E_MLA_CASES="kimi-small:flashmla:triton",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("PARALLEL", None)
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    summary = (tmp_path / "gpujob" / "summary.txt").read_text()
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "== PARALLEL=1: 4 stages running at once" in summary
+    assert ("stages: mla_kimi-small-mla=0 native_kimi-small-mla_flashmla=0 "
+            "e2e_kimi-small_flashmla_draft_triton=0 reliab_mix=0") in summary
