@@ -81,3 +81,23 @@ def test_num_steps_sweep_keys_and_rows():
     assert rows[1]["ours_per_upstream_verify"] == 0.5 and rows[0]["upstream_verify_ms"] is None
     single = bv.parse_args(["--steps", "2"])
     assert single.steps_list == [2] and bv.mode_key(single, "ours", 2) == "ours"
+
+
+def test_prefix_cache_prompts_are_shared_across_batch_sizes():
+    """``--prefix-cache``: prompt i of a context is the same at every batch size (so the radix
+    cache serves the larger batch's first prompts) and differs between contexts and indices;
+    without it each (context, bs) point draws its own prompts, as in runs 1-9."""
+    small, big = bv.bench_prompts(256, 2, 32000, True), bv.bench_prompts(256, 8, 32000, True)
+    assert big[:2] == small and len(big) == 8 and all(len(p) == 256 for p in big)
+    assert len({tuple(p) for p in big}) == 8
+    assert bv.bench_prompts(512, 1, 32000, True)[0][:256] != small[0]
+    assert all(10 <= t < 31999 for p in big for t in p)
+    old2, old8 = bv.bench_prompts(256, 2, 32000, False), bv.bench_prompts(256, 8, 32000, False)
+    assert old8[:2] != old2 and len(old8) == 8
+
+
+def test_prefix_cache_turns_the_radix_cache_on(tmp_path):
+    on = bv.parse_args(["--prefix-cache", "--models-dir", str(tmp_path), "--model", "llama-small"])
+    off = bv.parse_args(["--models-dir", str(tmp_path), "--model", "llama-small"])
+    assert bv.engine_kwargs(on, "ours")["disable_radix_cache"] is False
+    assert bv.engine_kwargs(off, "plain")["disable_radix_cache"] is True
