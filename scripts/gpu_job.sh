@@ -272,35 +272,24 @@ for st in $ORDER; do
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
   grep -E '^E  ' "$LOGS/$st.log" | head -6 | cut -c1-400 | while read -r l; do say "   $l"; done
 done
-if [ -f "$LOGS/e2e/e2e/e2e_results.json" ]; then
-  cp "$LOGS/e2e/e2e/e2e_results.json" "$OUT/"
-  say "$(python3 - "$LOGS/e2e/e2e/e2e_results.json" <<'EOF' 2>&1 | head -12
+[ -f "$LOGS/e2e/e2e/e2e_results.json" ] && cp "$LOGS/e2e/e2e/e2e_results.json" "$OUT/"
+for d in "$LOGS"/e2e/e2e/ "$LOGS"/e2e/e2e_*/; do  # the e2e lines of stage e2e and each e2e_mla stage
+  [ -f "$d/e2e_results.json" ] || continue
+  say "$(python3 - "$d/e2e_results.json" "$(basename "$d")" <<'EOF' 2>&1 | head -12
 import json, sys
-r = json.load(open(sys.argv[1]))
-print("-- e2e startup_s", r.get("startup_s"))
+r, st = json.load(open(sys.argv[1])), sys.argv[2]
+print(f"-- {st} startup_s", r.get("startup_s"))
 for k, v in (r.get("parity") or {}).items():
-    print(f"-- parity {k}: {v['identical']}/16 identical, {len(v['ties'])} near-ties; " + (v["fails"] + v["ties"] + [""])[0][:300])
+    print(f"-- {st} parity {k}: {v['identical']}/16 identical, {len(v['ties'])} near-ties; " + (v["fails"] + v["ties"] + [""])[0][:300])
 for c, v in (r.get("concurrency") or {}).items():
-    print(f"-- concurrency {c}: delta {v['delta']} spec_verify_ct sum {sum(v['spec_verify_ct'])}")
+    print(f"-- {st} concurrency {c}: delta {v['delta']} spec_verify_ct sum {sum(v['spec_verify_ct'])}")
 s = r.get("ours_after_parity") or r.get("ours_at_start")
-if s: print("-- ours counters", {k: s.get(k) for k in ("runner", "capture_bs", "replays", "verify_steps", "fallback_total", "fallbacks")})
+if s: print(f"-- {st} ours counters", {k: s.get(k) for k in ("runner", "capture_bs", "replays", "verify_steps", "fallback_total", "fallbacks")})
 EOF
 )"
-fi
+done
 # every stage's results (accept, reliab*, profile, e2e*; in logs.tar.gz too): one file, as $OUT takes 8
 (cd "$LOGS/e2e" 2>/dev/null && ls */*_results.json >/dev/null 2>&1 && tar -czf "$OUT/stage_results.tar.gz" */*_results.json)
-for d in "$LOGS"/e2e/e2e_*/; do  # the e2e lines of each e2e_mla stage
-    [ -f "$d/e2e_results.json" ] || continue
-    say "-- $(basename "$d"): $(python3 -c "
-import json, sys
-r = json.load(open(sys.argv[1]))
-p = r.get('parity') or {}
-c = r.get('concurrency') or {}
-s = r.get('ours_after_parity') or r.get('ours_at_start') or {}
-print('startup_s', r.get('startup_s'), 'parity', {k: v['identical'] for k, v in p.items()},
-      'concurrency deltas', {k: v['delta'] for k, v in c.items()},
-      'ours', {k: s.get(k) for k in ('replays', 'verify_steps', 'fallback_total')})" "$d/e2e_results.json" 2>&1 | tail -1 | cut -c1-600)"
-done
 if [ -f "$LOGS/bench.log" ]; then
   grep -E '^BENCH mode ' "$LOGS/bench.log" | cut -c1-300 | while read -r l; do say "$l"; done
   grep -E '^RESULT ' "$LOGS/bench.log" | tail -20 | cut -c1-400 >> "$SUMMARY"
