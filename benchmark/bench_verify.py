@@ -60,7 +60,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 if HERE not in sys.path:
-    sys.path.insert(0, HERE)  # verify_probe (also in the spawned scheduler process)
+    sys.path.insert(0, HERE)  # verify_probe (also in the spawned scheduler process), capture_log
+from capture_log import format_capture, target_capture  # noqa: E402
 PROBE_ENV = "BENCH_VERIFY_PROBE"
 PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
 PROFILE_ENV = "SGLANG_VERIFY_GRAPH_PROFILE_EVERY"
@@ -293,6 +294,7 @@ def format_table(rows, meta) -> str:
     lines += ["RESULT " + " ".join(f"{fmt(r[k]):>10}" for k, _ in cols) for r in rows]
     for m, st in meta["mode_status"].items():
         lines.append(f"RESULT mode {m}: {st}")
+    lines += format_capture(meta.get("capture", {}))
     for p in meta.get("profile_lines", [])[:6]:
         lines.append("RESULT profile " + " ".join(f"{k}={p[k]}" for k in (
             "cycles", "bs", "cycle_mean_ms", "span_per_cycle_ms", "phase_sum_vs_span", "verify_pct",
@@ -393,6 +395,7 @@ def run_parent(a) -> int:
             meta.setdefault("profile_lines", []).extend(
                 dict(p, num_steps_run=k) for p in profile_lines(log))
         modes[key] = res
+        meta.setdefault("capture", {})[key] = target_capture(log)
         meta["mode_status"][key] = _mode_status(res) + f" ({time.time() - t0:.0f}s)"
         print(f"BENCH mode {key}: {meta['mode_status'][key]}", flush=True)
         finish(0, show=False)  # partial results on disk after every mode

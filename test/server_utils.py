@@ -68,6 +68,7 @@ def launch_server(model: str, base_url: str, args: list[str], env: dict | None =
            "--host", host.split("//")[-1], "--port", port, *args, *shared_gpu_args()]
     proc = subprocess.Popen(cmd, env=env or dict(os.environ), stdout=out or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
+    proc.verify_graph_wrapped = bool(wrapper)  # stop_server: let the wrapper exit by itself
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
@@ -82,9 +83,36 @@ def launch_server(model: str, base_url: str, args: list[str], env: dict | None =
     raise RuntimeError(f"server not healthy after {timeout}s (log: {log_path})")
 
 
+STOP_GRACE_ENV = "VERIFY_GRAPH_SERVER_STOP_GRACE_S"
+
+
 def stop_server(proc) -> None:
+    """Stop a server from :func:`launch_server` (and everything it started).
+
+    Started under ``VERIFY_GRAPH_SERVER_WRAPPER`` (compute-sanitizer), the server process under
+    the wrapper first gets SIGTERM, SGLang's graceful stop (``tokenizer_manager.sigterm_watchdog``:
+    a ``ShutdownReq`` lets the schedulers exit in user space), and the wrapper gets up to
+    ``VERIFY_GRAPH_SERVER_STOP_GRACE_S`` seconds (default 120) to exit by itself: compute-sanitizer
+    writes its ``ERROR SUMMARY`` only when its targets have exited, and a SIGKILLed frontend
+    leaves a report with no summary (run 10 call 2). Then, and for unwrapped servers at once,
+    SGLang's ``kill_process_tree``."""
     from sglang.srt.utils import kill_process_tree
 
+    if getattr(proc, "verify_graph_wrapped", False) and proc.poll() is None:
+        import signal
+
+        import psutil
+
+        try:
+            targets = psutil.Process(proc.pid).children() or [psutil.Process(proc.pid)]
+            for t in targets:
+                t.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+        try:
+            proc.wait(timeout=float(os.environ.get(STOP_GRACE_ENV, "120")))
+        except subprocess.TimeoutExpired:
+            pass
     kill_process_tree(proc.pid)
 
 
