@@ -46,7 +46,8 @@ def format_capture(captures: dict) -> list[str]:
             lines.append(f"RESULT capture {key}: {c['kind']} {c['seconds']:.2f} s, {c['gib']:.3f} GiB")
     for key, c in captures.items():
         up = captures.get(key.replace("ours", "upstream", 1)) if key.startswith("ours") else None
-        if c and up and c["kind"] == "ours" and up["seconds"] > 0 and up["gib"] > 0:
+        # memory ratios only from positive drops (a server sharing the GPU can read negative)
+        if c and up and c["kind"] == "ours" and up["seconds"] > 0 and up["gib"] > 0 and c["gib"] > 0:
             lines.append(f"RESULT capture {key} / upstream: time {c['seconds'] / up['seconds']:.2f}x, "
                          f"memory {c['gib'] / up['gib']:.2f}x")
     return lines

@@ -3,13 +3,17 @@
 Usage: ``python3 scripts/memcheck_verdict.py DIR/PREFIX``; prints one line
 ``<verdict>: <detail>`` and exits 0 only for ``ok``.
 
-A report is clean only when it ends in ``========= ERROR SUMMARY: 0 errors``: compute-sanitizer
-writes that line when its target exits, so a frontend killed with the server (SIGKILL at test
-teardown, run 10 call 2: the report held only its banner) has no summary and proves nothing.
+A report is clean only when it holds compute-sanitizer's ``========= ERROR SUMMARY: 0 errors``:
+the frontend writes that line when its targets have exited, so a frontend killed with the server
+(SIGKILL at test teardown, run 10 call 2: the report held only its banner) has no summary and
+proves nothing.
 
-Verdicts: ``ok`` (every report has a 0-error summary), ``errors`` (a summary counts errors, or an
-error record ``Invalid __global__``/``Program hit`` is present), ``no_summary`` (a report without
-a summary line and without error records), ``absent`` (no report file).
+Verdicts: ``ok`` (every report has a 0-error summary and no memory-error record), ``errors`` (a
+summary counts errors, or a memory-error record such as ``Invalid __global__ read``, ``Program
+hit cudaErrorIllegalAddress``, ``Out-of-range`` or ``Misaligned`` is present), ``no_summary`` (a
+report with neither a summary nor an error record), ``absent`` (no report file). Tool notices
+such as ``========= Error: process didn't terminate successfully`` (a target SIGKILLed at the end
+of SGLang's graceful stop) are not memory errors; they are listed in the detail as ``notes``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import re
 import sys
 
 SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
-ERROR_RECORD = re.compile(r"^========= (Invalid |Program hit |Error:|Out-of-range|Misaligned)", re.M)
+ERROR_RECORD = re.compile(r"^========= (Invalid |Program hit |Out-of-range|Misaligned|Illegal |Leaked )", re.M)
+TOOL_NOTE = re.compile(r"^========= (Error: .*|Target application returned an error.*)$", re.M)
 
 
 def verdict(prefix: str) -> tuple[str, str]:
@@ -39,7 +44,10 @@ def verdict(prefix: str) -> tuple[str, str]:
             v = "ok"
         else:
             v = "no_summary"
-        details.append(f"{f.rsplit('/', 1)[-1]}={v}" + (f"({max(counts or [records])})" if v == "errors" else ""))
+        n_err = max(counts + [records])
+        notes = TOOL_NOTE.findall(text)
+        details.append(f"{f.rsplit('/', 1)[-1]}={v}" + (f"({n_err})" if v == "errors" else "")
+                       + (f" notes={notes[:2]}" if notes else ""))
         worst = max(worst, v, key=rank.__getitem__)
     return worst, ", ".join(details)
 

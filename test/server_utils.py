@@ -86,32 +86,70 @@ def launch_server(model: str, base_url: str, args: list[str], env: dict | None =
 STOP_GRACE_ENV = "VERIFY_GRAPH_SERVER_STOP_GRACE_S"
 
 
-def stop_server(proc) -> None:
-    """Stop a server from :func:`launch_server` (and everything it started).
+def _server_under_wrapper(wrapper):
+    """The ``sglang.launch_server`` process under ``wrapper`` (a ``psutil.Process``): the
+    descendant whose command line names it and under which no other does (a launcher that
+    compute-sanitizer may put in between carries the same words in its arguments; the server's
+    own spawned schedulers do not), else the wrapper's first direct child, else None."""
+    import psutil
 
-    Started under ``VERIFY_GRAPH_SERVER_WRAPPER`` (compute-sanitizer), the server process under
-    the wrapper first gets SIGTERM, SGLang's graceful stop (``tokenizer_manager.sigterm_watchdog``:
-    a ``ShutdownReq`` lets the schedulers exit in user space), and the wrapper gets up to
+    def names_server(p):
+        try:
+            return "sglang.launch_server" in " ".join(p.cmdline())
+        except psutil.Error:
+            return False
+
+    matches = [p for p in wrapper.children(recursive=True) if names_server(p)]
+    for m in matches:
+        try:
+            below = {d.pid for d in m.children(recursive=True)}
+        except psutil.Error:
+            continue
+        if not any(o.pid in below for o in matches):
+            return m
+    direct = wrapper.children()
+    return direct[0] if direct else None
+
+
+def stop_server(proc) -> None:
+    """Stop a server from :func:`launch_server` and everything it started.
+
+    Started under ``VERIFY_GRAPH_SERVER_WRAPPER`` (compute-sanitizer), the server process under the
+    wrapper first gets SIGTERM, SGLang's graceful stop (``tokenizer_manager.sigterm_watchdog``: a
+    ``ShutdownReq`` lets the schedulers exit in user space), and the wrapper gets up to
     ``VERIFY_GRAPH_SERVER_STOP_GRACE_S`` seconds (default 120) to exit by itself: compute-sanitizer
-    writes its ``ERROR SUMMARY`` only when its targets have exited, and a SIGKILLed frontend
-    leaves a report with no summary (run 10 call 2). Then, and for unwrapped servers at once,
-    SGLang's ``kill_process_tree``."""
+    writes its ``ERROR SUMMARY`` only when its targets have exited, and a SIGKILLed frontend leaves
+    a report with no summary (run 10 call 2). If the server has already exited, the wrapper is only
+    waited for. Then every process of the tree (listed before the signal, so that none is lost when
+    the wrapper is reaped) is killed with SGLang's ``kill_process_tree``; unwrapped servers get that
+    at once."""
     from sglang.srt.utils import kill_process_tree
 
-    if getattr(proc, "verify_graph_wrapped", False) and proc.poll() is None:
-        import signal
+    if not getattr(proc, "verify_graph_wrapped", False) or proc.poll() is not None:
+        kill_process_tree(proc.pid)
+        return
+    import signal
 
-        import psutil
+    import psutil
 
+    try:
+        wrapper = psutil.Process(proc.pid)
+        tree = wrapper.children(recursive=True)
+        server = _server_under_wrapper(wrapper)
+        if server is not None:
+            print(f"stop_server: SIGTERM to pid {server.pid} ({' '.join(server.cmdline()[:3])} ...) "
+                  f"under wrapper pid {proc.pid}", flush=True)
+            server.send_signal(signal.SIGTERM)
+    except psutil.Error:
+        tree = []
+    try:
+        proc.wait(timeout=float(os.environ.get(STOP_GRACE_ENV, "120")))
+    except subprocess.TimeoutExpired:
+        pass
+    for p in tree:  # survivors of the graceful stop (the wrapper's own tree is gone once reaped)
         try:
-            targets = psutil.Process(proc.pid).children() or [psutil.Process(proc.pid)]
-            for t in targets:
-                t.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-        try:
-            proc.wait(timeout=float(os.environ.get(STOP_GRACE_ENV, "120")))
-        except subprocess.TimeoutExpired:
+            kill_process_tree(p.pid)
+        except psutil.Error:
             pass
     kill_process_tree(proc.pid)
 

@@ -50,3 +50,24 @@ def test_format_capture_ratios_pair_ours_with_upstream_of_the_same_steps(tmp_pat
     assert "RESULT capture ours@3 / upstream: time 1.60x, memory 0.63x" in lines
     assert not any(ln.startswith("RESULT capture ours@2") for ln in lines)
     assert len(lines) == 4
+
+
+def test_format_capture_gives_no_ratio_for_a_negative_memory_reading(tmp_path):
+    """Under ``PARALLEL=1`` the free-memory drop can be negative (run 10: -0.946 GiB)."""
+    caps = {"ours": capture_log.target_capture(_log(tmp_path, "o", OURS.replace("0.133 GiB", "-0.946 GiB"))),
+            "upstream": capture_log.target_capture(_log(tmp_path, "u", UPSTREAM))}
+    assert caps["ours"]["gib"] == -0.946
+    assert not any("/ upstream" in ln for ln in capture_log.format_capture(caps))
+
+
+def test_bench_table_prints_the_capture_lines(tmp_path):
+    """``bench_verify.format_table`` (what the GPU job's summary keeps) carries ``meta.capture``."""
+    import bench_verify as bv
+
+    meta = {"model": "llama-8b", "mode_status": {"ours": "ok", "upstream": "ok"}, "hardware": "H200",
+            "versions": {}, "flags": "-", "command": "-",
+            "capture": {"ours": capture_log.target_capture(_log(tmp_path, "o", OURS)),
+                        "upstream": capture_log.target_capture(_log(tmp_path, "u", UPSTREAM))}}
+    text = bv.format_table([], meta)
+    assert "RESULT capture upstream: upstream verify 2.27 s, 0.210 GiB" in text
+    assert "RESULT capture ours / upstream: time 1.60x, memory 0.63x" in text

@@ -44,6 +44,10 @@ def _reports(tmp_path, *texts):
     ((BANNER_ONLY, DIRTY), "errors"),
     (("========= COMPUTE-SANITIZER\n========= Program hit cudaErrorIllegalAddress on CUDA API call\n",),
      "errors"),
+    # a target SIGKILLed at the end of SGLang's graceful stop: a tool notice, not a memory error
+    (("========= COMPUTE-SANITIZER\n========= Error: process didn't terminate successfully\n"
+      "========= ERROR SUMMARY: 0 errors\n",), "ok"),
+    (("",), "no_summary"),
 ])
 def test_memcheck_verdict(tmp_path, texts, want):
     v, detail = memcheck_verdict.verdict(_reports(tmp_path, *texts))
@@ -63,11 +67,41 @@ def test_memcheck_verdict_absent_and_cli(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("ok:"), r
 
 
-def test_gpu_job_fails_a_sanitizer_stage_without_summary():
-    """The stage's RC becomes memcheck_<verdict> unless the verdict is ok."""
-    src = open(os.path.join(ROOT, "scripts", "gpu_job.sh")).read()
-    assert 'python3 scripts/memcheck_verdict.py "$LOGS/memcheck_${k#sanitizer_}"' in src
-    assert "case $v in ok:*) ;; *) RC[$k]=memcheck_${v%%:*} ;; esac" in src
+# A stand-in compute-sanitizer on PATH for the GPU job's dry run: writes its banner, runs the
+# command, then the 0-error summary unless NO_SUMMARY is set (what a killed frontend leaves).
+_FAKE_SANITIZER = """#!/bin/bash
+LOG=""; while [ $# -gt 0 ]; do case $1 in --log-file) LOG=$2; shift 2;; --*) shift 2;; *) break;; esac; done
+LOG=${LOG//%p/$$}; echo "========= COMPUTE-SANITIZER" > "$LOG"; "$@"; rc=$?
+[ -n "$NO_SUMMARY" ] || echo "========= ERROR SUMMARY: 0 errors" >> "$LOG"; exit $rc
+"""
+
+
+@pytest.mark.parametrize("no_summary", [False, True])
+def test_gpu_job_fails_a_sanitizer_stage_without_summary(tmp_path, no_summary):
+    """``DRY_RUN=1 STAGES=sanitizer`` with the stand-in: a report without a summary turns the
+    kernel stage into ``memcheck_no_summary`` and the job's exit code into 1; with the summary the
+    job passes (the server stage starts no server in a dry run: ``absent`` is tolerated there)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "compute-sanitizer").write_text(_FAKE_SANITIZER)
+    (bindir / "compute-sanitizer").chmod(0o755)
+    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), STAGES="sanitizer",
+               PATH=os.pathsep.join([str(bindir), os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    env.pop("NO_SUMMARY", None)
+    if no_summary:
+        env["NO_SUMMARY"] = "1"
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    summary = (tmp_path / "gpujob" / "summary.txt").read_text()
+    if no_summary:
+        assert p.returncode == 1, summary
+        assert "-- sanitizer_kernel memcheck: no_summary: memcheck_kernel." in summary
+        assert "stages: sanitizer_kernel=memcheck_no_summary sanitizer_server=0" in summary
+    else:
+        assert p.returncode == 0, summary + p.stderr[-2000:]
+        assert "-- sanitizer_kernel memcheck: ok: memcheck_kernel." in summary
+        assert "-- sanitizer_server memcheck: absent:" in summary
+        assert "stages: sanitizer_kernel=0 sanitizer_server=0" in summary
 
 
 # A stand-in for compute-sanitizer: runs its arguments as a child and writes its summary only when
@@ -81,27 +115,54 @@ _FAKE_WRAPPER = textwrap.dedent("""
         f.write(f"========= ERROR SUMMARY: 0 errors\\n")
     sys.exit(rc)
 """)
-# A stand-in server: exits 0 on SIGTERM (SGLang's graceful stop), else sleeps.
-_FAKE_SERVER = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(600)"
+# A launcher between wrapper and server (compute-sanitizer may have one): exits 7 if it gets the
+# SIGTERM meant for the server, else passes the server's exit code on.
+_FAKE_LAUNCHER = ("import signal, subprocess, sys; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); "
+                  "sys.exit(subprocess.call(sys.argv[1:]))")
+# A stand-in server (its argv names sglang.launch_server): exits 0 on SIGTERM (SGLang's graceful
+# stop), else sleeps; writes the ready file once its handler is installed.
+_FAKE_SERVER = ("import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+                "pathlib.Path(sys.argv[1]).write_text('ready'); time.sleep(600)")
 
 
-def _start(tmp_path, wrapped: bool):
-    log = tmp_path / "memcheck_server.1.txt"
-    proc = subprocess.Popen([sys.executable, "-c", _FAKE_WRAPPER, str(log), sys.executable, "-c", _FAKE_SERVER])
+def _start(tmp_path, wrapped: bool, launcher: bool = False):
+    log, ready = tmp_path / "memcheck_server.1.txt", tmp_path / "ready"
+    server = [sys.executable, "-c", _FAKE_SERVER, str(ready), "-m", "sglang.launch_server"]
+    inner = [sys.executable, "-c", _FAKE_LAUNCHER, *server] if launcher else server
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_WRAPPER, str(log), *inner])
     proc.verify_graph_wrapped = wrapped
-    deadline = time.time() + 20
-    import psutil
-    while time.time() < deadline and not psutil.Process(proc.pid).children():
+    deadline = time.time() + 30
+    while not ready.exists():
+        if time.time() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail(f"fake server never became ready (wrapper rc {proc.poll()})")
         time.sleep(0.05)
     return proc, log
 
 
-def test_stop_server_lets_the_wrapper_write_its_summary(tmp_path, monkeypatch):
+@pytest.mark.parametrize("launcher", [False, True])
+def test_stop_server_lets_the_wrapper_write_its_summary(tmp_path, monkeypatch, launcher):
+    """SIGTERM reaches the server (not a launcher in between), the wrapper exits by itself."""
     monkeypatch.setenv(server_utils.STOP_GRACE_ENV, "20")
-    proc, log = _start(tmp_path, wrapped=True)
+    proc, log = _start(tmp_path, wrapped=True, launcher=launcher)
     server_utils.stop_server(proc)
     assert proc.wait(timeout=20) == 0
     assert memcheck_verdict.verdict(str(tmp_path / "memcheck_server"))[0] == "ok", log.read_text()
+
+
+def test_stop_server_kills_what_outlives_the_grace(tmp_path, monkeypatch):
+    """A server that ignores SIGTERM is killed after the grace time, with its whole tree."""
+    import psutil
+
+    monkeypatch.setenv(server_utils.STOP_GRACE_ENV, "1")
+    monkeypatch.setattr(sys.modules[__name__], "_FAKE_SERVER", _FAKE_SERVER.replace(
+        "lambda *a: sys.exit(0)", "signal.SIG_IGN"))
+    proc, _ = _start(tmp_path, wrapped=True)
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    server_utils.stop_server(proc)
+    proc.wait(timeout=20)
+    gone, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, alive
 
 
 def test_stop_server_unwrapped_kills_at_once(tmp_path):
