@@ -264,7 +264,7 @@ for st in $STAGES; do
 done
 wait_parallel
 for k in $ORDER; do [ -f "$W/rc_$k" ] && RC[$k]=$(cat "$W/rc_$k"); done
-# compute-sanitizer: a passing stage also needs every memcheck report to end in "ERROR SUMMARY: 0
+# compute-sanitizer: a passing stage also needs every memcheck report to hold "ERROR SUMMARY: 0
 # errors" (a frontend killed with its server writes none; run 10 call 2)
 for k in sanitizer_kernel sanitizer_server; do
   [ "${RC[$k]:-}" = 0 ] || continue
