@@ -86,11 +86,11 @@ def launch_server(model: str, base_url: str, args: list[str], env: dict | None =
 STOP_GRACE_ENV = "VERIFY_GRAPH_SERVER_STOP_GRACE_S"
 
 
-def _server_under_wrapper(wrapper):
-    """The ``sglang.launch_server`` process under ``wrapper`` (a ``psutil.Process``): the
-    descendant whose command line names it and under which no other does (a launcher that
-    compute-sanitizer may put in between carries the same words in its arguments; the server's
-    own spawned schedulers do not), else the wrapper's first direct child, else None."""
+def _server_under_wrapper(wrapper, tree):
+    """The ``sglang.launch_server`` process under ``wrapper`` (a ``psutil.Process``; ``tree``:
+    its descendants): the one whose command line names it and under which no other does (a
+    launcher that compute-sanitizer may put in between carries the same words in its arguments;
+    the server's own spawned schedulers do not), else the wrapper's first direct child, else None."""
     import psutil
 
     def names_server(p):
@@ -99,7 +99,7 @@ def _server_under_wrapper(wrapper):
         except psutil.Error:
             return False
 
-    matches = [p for p in wrapper.children(recursive=True) if names_server(p)]
+    matches = [p for p in tree if names_server(p)]
     for m in matches:
         try:
             below = {d.pid for d in m.children(recursive=True)}
@@ -120,9 +120,9 @@ def stop_server(proc) -> None:
     ``VERIFY_GRAPH_SERVER_STOP_GRACE_S`` seconds (default 120) to exit by itself: compute-sanitizer
     writes its ``ERROR SUMMARY`` only when its targets have exited, and a SIGKILLed frontend leaves
     a report with no summary (run 10 call 2). If the server has already exited, the wrapper is only
-    waited for. Then every process of the tree (listed before the signal, so that none is lost when
-    the wrapper is reaped) is killed with SGLang's ``kill_process_tree``; unwrapped servers get that
-    at once."""
+    waited for. Then every process of the tree still alive (listed before the signal, so that none
+    is lost when the wrapper is reaped) is killed, and the wrapper with SGLang's
+    ``kill_process_tree``; unwrapped servers get that at once."""
     from sglang.srt.utils import kill_process_tree
 
     if not getattr(proc, "verify_graph_wrapped", False) or proc.poll() is not None:
@@ -135,7 +135,7 @@ def stop_server(proc) -> None:
     try:
         wrapper = psutil.Process(proc.pid)
         tree = wrapper.children(recursive=True)
-        server = _server_under_wrapper(wrapper)
+        server = _server_under_wrapper(wrapper, tree)
         if server is not None:
             print(f"stop_server: SIGTERM to pid {server.pid} ({' '.join(server.cmdline()[:3])} ...) "
                   f"under wrapper pid {proc.pid}", flush=True)
@@ -148,7 +148,7 @@ def stop_server(proc) -> None:
         pass
     for p in tree:  # survivors of the graceful stop (the wrapper's own tree is gone once reaped)
         try:
-            kill_process_tree(p.pid)
+            p.kill()
         except psutil.Error:
             pass
     kill_process_tree(proc.pid)
