@@ -68,12 +68,15 @@ STAGES=${STAGES:-gpu e2e bench}
 # issue #6 (reliability), every GPU part: the server stages at once (PARALLEL=1), then, after a
 # barrier (pseudo-stage "wait": wait for them, run the rest one at a time), compute-sanitizer alone
 # (memcheck beside 9 other stages timed out, 2026-12-01). Over 10 minutes in all: on the lent H200
-# (10-minute calls) run issue6a, then STAGES=sanitizer.
+# (10-minute calls) run issue6a, then STAGES=sanitizer. The groups default the limits of the stages
+# they run at once to 520 s (contention: run 10's took up to 415 s) and issue6's TOTAL_S to 1000 s.
 _expanded=""  # group names anywhere in STAGES expand in place and default PARALLEL to 1
 for _g in $STAGES; do
   case $_g in
-    issue6)  _expanded="$_expanded gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling wait sanitizer"; PARALLEL=${PARALLEL:-1} ;;
-    issue6a) _expanded="$_expanded gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling"; PARALLEL=${PARALLEL:-1} ;;
+    issue6)  _expanded="$_expanded gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling wait sanitizer"; PARALLEL=${PARALLEL:-1}
+             : "${TOTAL_S:=1000}" "${GPU_TMO:=520}" "${NAN_TMO:=520}" "${ACCEPT_TMO:=520}" "${RELIAB_TMO:=520}" ;;
+    issue6a) _expanded="$_expanded gpu nan accept accept_shape reliab_kv1 reliab_kv64 reliab_mix reliab_sampling"; PARALLEL=${PARALLEL:-1}
+             : "${GPU_TMO:=520}" "${NAN_TMO:=520}" "${ACCEPT_TMO:=520}" "${RELIAB_TMO:=520}" ;;
     issue3)  _expanded="$_expanded mla native e2e_mla"; PARALLEL=${PARALLEL:-1} ;;  # MLA targets: self-tests, e2e per backend x drafter
     *) _expanded="$_expanded $_g" ;;
   esac
