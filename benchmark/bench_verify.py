@@ -149,7 +149,7 @@ def run_child(a, res: dict) -> None:
         vocab = json.load(f)["vocab_size"]
     sp = lambda n: {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}  # noqa: E731
     try:
-        for ctx in a.contexts:
+        for ctx in ([] if a.capture_only else a.contexts):  # capture only: start, record, stop
             for bs in a.batch_sizes:
                 prompts = bench_prompts(ctx, bs, vocab, a.prefix_cache)
                 eng.generate(input_ids=prompts, sampling_params=sp(a.warmup_tokens))
@@ -445,6 +445,9 @@ def parse_args(argv=None):
     ap.add_argument("--mem", type=float, default=0.6, help="mem_fraction_static")
     ap.add_argument("--prefix-cache", action="store_true",
                     help="radix cache on, prompts shared across batch sizes: each context prefilled once (sweep)")
+    ap.add_argument("--capture-only", action="store_true",
+                    help="start each engine and shut it down, no phase (its capture line is the result; "
+                         "benchmark/bench_capture.py)")
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs")
     ap.add_argument("--mode-timeout", type=float, default=300, help="seconds per mode subprocess")

@@ -23,6 +23,8 @@
 #          ACCEPT_STEPS="1 2 3 5" adds num_steps 1/2/5 on ours; 3-6 server starts)
 #   reliab test/e2e/test_reliability_e2e.py (padding/NaN guard, KV accounting, feature mix, sampling)
 #   bench  python3 benchmark/bench_verify.py ... $BENCH_ARGS (llama-8b; ours, upstream, plain engines)
+#   capture  python3 benchmark/bench_capture.py ... $CAPTURE_ARGS (capture time / memory over repeated
+#          engine starts, alternating order; CAPTURE_TMO, default 300 s; BENCH_MODE_TMO per engine)
 #   e2e_mla  the e2e tier per E2E_MLA_CASES model:backend[:draft_backend] (Kimi targets x MLA backends)
 #   reliab_kv1 / reliab_kv64 / reliab_mix / reliab_sampling   one reliab test each; accept_shape
 #          num_steps 1, 2, 5 on ours; wait: barrier (PARALLEL=1: wait, then one at a time)
@@ -52,7 +54,7 @@
 #   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
 #                collect tests (pytest --collect-only) and print the bench's Engine kwargs (--dry-run)
 # Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs; logs/e2e/<stage>/ holds each stage's
-# server logs and results), bench_results.json, e2e_results.json (stage e2e), stage_results.tar.gz
+# server logs and results), bench_results.json, capture_results.json, e2e_results.json (stage e2e), stage_results.tar.gz
 # (every stage's *_results.json), jitcache.tar.xz (copy into .device-bundle/ for next time).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd); cd "$ROOT"
@@ -262,7 +264,11 @@ for st in $STAGES; do
       wait_parallel
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
-    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, accept_shape, reliab, reliab_kv1, reliab_kv64, reliab_mix, reliab_sampling, bench, wait; groups issue3, issue6, issue6a, all)" ;;
+    capture)  # alone (timing): repeated engine starts, ours vs upstream capture time / memory
+      wait_parallel
+      run_stage capture "${CAPTURE_TMO:-300}" python3 benchmark/bench_capture.py --out "$W/capture_results.json" \
+        --log-dir "$LOGS/capture" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY --models-dir "$MODELS" ${CAPTURE_ARGS:-} ;;
+    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, accept_shape, reliab, reliab_kv1, reliab_kv64, reliab_mix, reliab_sampling, bench, capture, wait; groups issue3, issue6, issue6a, all)" ;;
   esac
 done
 wait_parallel
@@ -277,7 +283,7 @@ done
 
 # ---------------------------------------------------------------- results
 for st in $ORDER; do
-  [ -f "$LOGS/$st.log" ] && [ "$st" != bench ] || continue
+  [ -f "$LOGS/$st.log" ] && [ "$st" != bench ] && [ "$st" != capture ] || continue
   say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
   grep -E '^E  ' "$LOGS/$st.log" | head -6 | cut -c1-400 | while read -r l; do say "   $l"; done
@@ -305,6 +311,10 @@ if [ -f "$LOGS/bench.log" ]; then
   grep -E '^RESULT ' "$LOGS/bench.log" | tail -90 | cut -c1-400 >> "$SUMMARY"  # one step count's 18-row grid with its mode, capture and meta lines
 fi
 [ -f "$W/bench_results.json" ] && cp "$W/bench_results.json" "$OUT/"
+if [ -f "$LOGS/capture.log" ]; then
+  grep -E '^RESULT ' "$LOGS/capture.log" | tail -30 | cut -c1-400 >> "$SUMMARY"
+fi
+[ -f "$W/capture_results.json" ] && cp "$W/capture_results.json" "$OUT/"
 
 # ---------------------------------------------------------------- pack (caches for the next call, logs)
 PRESENT=$(cd "$BASE" && for c in $CACHES; do [ -d "$c" ] && echo "$c"; done)

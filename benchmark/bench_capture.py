@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Capture time and graph memory of the target's verify graphs, ours vs upstream, over repeated
+engine starts (issue #4 target: capture time and graph memory no larger than upstream's).
+
+    python3 benchmark/bench_capture.py [--repeats 3] [--modes ours,upstream] [--out capture_results.json]
+        [bench_verify.py engine flags: --model llama-8b --steps 2 --batch-sizes 1,8 --mem 0.8 --prefix-cache ...]
+
+One pair of engine starts cannot separate a 0.2 s capture difference from the run-to-run spread
+(run 8 vs run 10, same configuration: ours / upstream 0.79x vs 1.17x; ``docs/benchmarks.md``
+section 9.2). This runs each mode ``--repeats`` times, each in a fresh ``sglang.Engine``
+subprocess (``bench_verify.py --child MODE --capture-only``: start-up, capture, shut down, no
+generation), alternating the order per repeat (ours, upstream / upstream, ours, ...) so neither
+mode always starts on a cold page cache or after the other's teardown. Each engine's capture time
+(s) and memory (GiB = 2**30 bytes) come from its log line (``capture_log.target_capture``: the
+whole runner construction, buffers + every bucket's warm-up and capture). Prints one table
+(median, min, max per mode; ours / upstream of the medians and the per-repeat paired ratios) and
+writes ``--out`` (JSON). The engine flags are ``bench_verify.py``'s, so the buckets and pool match
+the sweep being judged; one ``--steps`` value per run.
+
+Errors: exits 2 with argparse's message for bad flags (more than one ``--steps`` value, unknown
+mode, ``--repeats`` < 1); exits 1 when an engine exits non-zero or logs no capture line (its
+other runs are still summarised).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+import bench_verify as bv  # noqa: E402
+from capture_log import target_capture  # noqa: E402
+
+
+def run_order(modes: list, repeats: int) -> list:
+    """``[(repeat, mode), ...]``: ``modes`` in order on even repeats, reversed on odd ones."""
+    return [(r, m) for r in range(repeats) for m in (modes if r % 2 == 0 else modes[::-1])]
+
+
+def summarise(runs: list) -> dict:
+    """Per mode: n, median / min / max seconds, median GiB, over the runs that logged a capture;
+    plus ``ours_per_upstream`` (time and memory, ratio of the medians) and ``paired_time`` (ours /
+    upstream per repeat). ``runs``: dicts with ``repeat``, ``mode`` and ``capture`` (None when the
+    engine logged no capture line)."""
+    out = {"modes": {}}
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        caps = [r["capture"] for r in runs if r["mode"] == mode and r["capture"]]
+        if not caps:
+            out["modes"][mode] = {"n": 0}
+            continue
+        secs = [c["seconds"] for c in caps]
+        out["modes"][mode] = {"n": len(caps), "median_s": round(statistics.median(secs), 3),
+                              "min_s": min(secs), "max_s": max(secs),
+                              "median_gib": round(statistics.median(c["gib"] for c in caps), 3),
+                              "seconds": secs}
+    o, u = out["modes"].get("ours", {}), out["modes"].get("upstream", {})
+    if o.get("n") and u.get("n"):
+        out["ours_per_upstream"] = {
+            "time": round(o["median_s"] / u["median_s"], 3) if u["median_s"] > 0 else None,
+            "memory": (round(o["median_gib"] / u["median_gib"], 3)
+                       if u["median_gib"] > 0 and o["median_gib"] > 0 else None)}
+        by_rep = {}
+        for r in runs:
+            if r["capture"]:
+                by_rep.setdefault(r["repeat"], {})[r["mode"]] = r["capture"]["seconds"]
+        out["paired_time"] = [round(v["ours"] / v["upstream"], 3) for _, v in sorted(by_rep.items())
+                              if "ours" in v and v.get("upstream")]
+    return out
+
+
+def format_summary(summary: dict, meta: dict) -> str:
+    lines = [f"RESULT capture-repeat model={meta['model']} steps={meta['steps']} "
+             "(target verify graphs; s = whole runner construction, GiB = free-memory drop)",
+             "RESULT " + " ".join(f"{h:>10}" for h in ("mode", "n", "median_s", "min_s", "max_s", "median_GiB"))]
+    for mode, m in summary["modes"].items():
+        vals = [mode, m["n"]] + ([m["median_s"], m["min_s"], m["max_s"], m["median_gib"]] if m["n"] else ["-"] * 4)
+        lines.append("RESULT " + " ".join(f"{v:>10}" for v in vals))
+    r = summary.get("ours_per_upstream")
+    if r:
+        p = summary.get("paired_time") or []
+        lines.append(f"RESULT capture ours / upstream (medians): time {r['time']}x, memory {r['memory']}x; "
+                     f"per repeat: {', '.join(f'{x}x' for x in p) or '-'}")
+    for run in meta["runs"]:
+        c = run["capture"]
+        lines.append(f"RESULT run {run['repeat']} {run['mode']}: "
+                     + (f"{c['seconds']:.2f} s, {c['gib']:.3f} GiB" if c else f"no capture line ({run['status']})"))
+    lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),
+              f"RESULT command: {meta['command']}"]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="engine starts per mode")
+    ap.add_argument("--modes", default="ours,upstream", help="comma list of ours, upstream, plain")
+    ap.add_argument("--out", default="capture_results.json")
+    ap.add_argument("--log-dir", default=None, help="engine logs (default: <out dir>/capture_logs)")
+    ap.add_argument("--mode-timeout", type=float, default=180, help="seconds per engine subprocess")
+    ap.add_argument("--dry-run", action="store_true", help="print the engine commands in run order and exit")
+    a, rest = ap.parse_known_args(argv)
+    a.modes = [m for m in a.modes.split(",") if m]
+    bad = [m for m in a.modes if m not in ("ours", "upstream", "plain")]
+    if bad:
+        ap.error(f"--modes: unknown mode(s) {bad}; use ours, upstream, plain")
+    if a.repeats < 1:
+        ap.error("--repeats needs an integer >= 1")
+    a.engine_argv = rest
+    a.bench = bv.parse_args(rest)  # validates the engine flags (model, steps, ...)
+    if len(a.bench.steps_list) != 1:
+        ap.error("--steps: one value per run (the capture of one draft length)")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    log_dir = a.log_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "capture_logs")
+    cmds = []
+    for r, mode in run_order(a.modes, a.repeats):
+        jf = os.path.join(log_dir, f"capture_{r}_{mode}.json")
+        cmds.append((r, mode, [sys.executable, os.path.join(HERE, "bench_verify.py")] + a.engine_argv
+                     + ["--capture-only", "--child", mode, "--child-out", jf]))
+    if a.dry_run:
+        for r, mode, cmd in cmds:
+            print(f"DRYRUN {r} {mode}: {shlex.join(cmd)}")
+        return 0
+    os.makedirs(log_dir, exist_ok=True)
+    bv.model_paths(a.bench)  # make the models once, before the first engine
+    meta = {"model": a.bench.model, "steps": a.bench.steps, "hardware": bv._hardware(),
+            "versions": bv._versions(), "command": shlex.join([sys.executable] + sys.argv),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"), "runs": []}
+    for r, mode, cmd in cmds:
+        log = os.path.join(log_dir, f"capture_{r}_{mode}.log")
+        t0 = time.time()
+        with open(log, "w") as lf:
+            p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
+            try:
+                rc = p.wait(timeout=a.mode_timeout)
+            except subprocess.TimeoutExpired:
+                bv._kill_tree(p)
+                rc = "timeout"
+        run = {"repeat": r, "mode": mode, "capture": target_capture(log), "status": f"rc={rc}",
+               "wall_s": round(time.time() - t0, 1)}
+        meta["runs"].append(run)
+        print(f"CAPTURE run {r} {mode}: rc={rc} {run['capture']} ({run['wall_s']}s)", flush=True)
+    summary = summarise(meta["runs"])
+    with open(a.out, "w") as f:
+        json.dump({"meta": meta, "summary": summary}, f, indent=1)
+    print(format_summary(summary, meta), flush=True)
+    return 0 if all(r["capture"] and r["status"] == "rc=0" for r in meta["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
