@@ -17,9 +17,14 @@ whole runner construction, buffers + every bucket's warm-up and capture). Prints
 writes ``--out`` (JSON). The engine flags are ``bench_verify.py``'s, so the buckets and pool match
 the sweep being judged; one ``--steps`` value per run.
 
-Errors: exits 2 with argparse's message for bad flags (more than one ``--steps`` value, unknown
-mode, ``--repeats`` < 1); exits 1 when an engine exits non-zero or logs no capture line (its
-other runs are still summarised).
+Only runs that exited 0 and logged the capture line of their own mode count (an ``ours`` engine
+whose log shows upstream's verify capture means the plugin did not install: that run is failed,
+not counted as ours). The JSON is rewritten after every engine; on SIGTERM (the GPU job's stage
+limit) the engine is killed and the summary of the finished runs is printed and written.
+
+Errors: exits 2 with argparse's message for bad flags (more than one ``--steps`` value, unknown,
+repeated or no mode, ``--repeats`` < 1); exits 1 when any engine failed (listed with its
+status; the medians use the others); 124 on SIGTERM.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import datetime
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,19 +46,35 @@ import bench_verify as bv  # noqa: E402
 from capture_log import target_capture  # noqa: E402
 
 
+EXPECTED_KIND = {"ours": "ours", "upstream": "upstream verify", "plain": "plain decode"}
+
+
 def run_order(modes: list, repeats: int) -> list:
     """``[(repeat, mode), ...]``: ``modes`` in order on even repeats, reversed on odd ones."""
     return [(r, m) for r in range(repeats) for m in (modes if r % 2 == 0 else modes[::-1])]
 
 
+def judge(mode: str, rc, capture) -> tuple[bool, str]:
+    """``(ok, status)`` of one engine run: ok only with exit code 0 and its own mode's capture line."""
+    status = f"rc={rc}"
+    if rc != 0:
+        return False, status
+    if capture is None:
+        return False, status + ", no capture line"
+    if capture["kind"] != EXPECTED_KIND[mode]:
+        return False, status + f", capture kind {capture['kind']!r}, expected {EXPECTED_KIND[mode]!r}"
+    return True, status
+
+
 def summarise(runs: list) -> dict:
-    """Per mode: n, median / min / max seconds, median GiB, over the runs that logged a capture;
-    plus ``ours_per_upstream`` (time and memory, ratio of the medians) and ``paired_time`` (ours /
-    upstream per repeat). ``runs``: dicts with ``repeat``, ``mode`` and ``capture`` (None when the
-    engine logged no capture line)."""
+    """Per mode: n, median / min / max seconds, median GiB, over the runs with ``ok``; plus
+    ``ours_per_upstream`` (time and memory, ratio of the medians; memory None unless both are
+    positive drops) and ``paired_time`` (ours / upstream per repeat where both are ok). ``runs``:
+    dicts with ``repeat``, ``mode``, ``ok`` and ``capture``."""
+    good = [r for r in runs if r.get("ok") and r.get("capture")]
     out = {"modes": {}}
     for mode in dict.fromkeys(r["mode"] for r in runs):
-        caps = [r["capture"] for r in runs if r["mode"] == mode and r["capture"]]
+        caps = [r["capture"] for r in good if r["mode"] == mode]
         if not caps:
             out["modes"][mode] = {"n": 0}
             continue
@@ -68,17 +90,17 @@ def summarise(runs: list) -> dict:
             "memory": (round(o["median_gib"] / u["median_gib"], 3)
                        if u["median_gib"] > 0 and o["median_gib"] > 0 else None)}
         by_rep = {}
-        for r in runs:
-            if r["capture"]:
-                by_rep.setdefault(r["repeat"], {})[r["mode"]] = r["capture"]["seconds"]
+        for r in good:
+            by_rep.setdefault(r["repeat"], {})[r["mode"]] = r["capture"]["seconds"]
         out["paired_time"] = [round(v["ours"] / v["upstream"], 3) for _, v in sorted(by_rep.items())
                               if "ours" in v and v.get("upstream")]
     return out
 
 
 def format_summary(summary: dict, meta: dict) -> str:
-    lines = [f"RESULT capture-repeat model={meta['model']} steps={meta['steps']} "
-             "(target verify graphs; s = whole runner construction, GiB = free-memory drop)",
+    x = lambda v: "-" if v is None else f"{v}x"  # noqa: E731
+    lines = [f"RESULT capture-repeat model={meta['model']} steps={meta['steps']} (the target's verify graphs; "
+             "plain: its decode graphs; s = whole runner construction, GiB = free-memory drop)",
              "RESULT " + " ".join(f"{h:>10}" for h in ("mode", "n", "median_s", "min_s", "max_s", "median_GiB"))]
     for mode, m in summary["modes"].items():
         vals = [mode, m["n"]] + ([m["median_s"], m["min_s"], m["max_s"], m["median_gib"]] if m["n"] else ["-"] * 4)
@@ -86,19 +108,23 @@ def format_summary(summary: dict, meta: dict) -> str:
     r = summary.get("ours_per_upstream")
     if r:
         p = summary.get("paired_time") or []
-        lines.append(f"RESULT capture ours / upstream (medians): time {r['time']}x, memory {r['memory']}x; "
-                     f"per repeat: {', '.join(f'{x}x' for x in p) or '-'}")
+        lines.append(f"RESULT capture ours / upstream (medians): time {x(r['time'])}, memory {x(r['memory'])}; "
+                     f"per repeat: {', '.join(f'{v}x' for v in p) or '-'}")
     for run in meta["runs"]:
         c = run["capture"]
-        lines.append(f"RESULT run {run['repeat']} {run['mode']}: "
-                     + (f"{c['seconds']:.2f} s, {c['gib']:.3f} GiB" if c else f"no capture line ({run['status']})"))
+        cap = f"{c['seconds']:.2f} s, {c['gib']:.3f} GiB" if c else "no capture line"
+        lines.append(f"RESULT run {run['repeat']} {run['mode']}: {cap} ({run['status']}"
+                     + ("" if run["ok"] else ", FAILED: not counted") + ")")
     lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),
               f"RESULT command: {meta['command']}"]
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Every other flag goes to each engine as benchmark/bench_verify.py's (--model, --steps, "
+               "--contexts, --batch-sizes, --mem, --prefix-cache, --models-dir, ...; see its --help).")
     ap.add_argument("--repeats", type=int, default=3, help="engine starts per mode")
     ap.add_argument("--modes", default="ours,upstream", help="comma list of ours, upstream, plain")
     ap.add_argument("--out", default="capture_results.json")
@@ -107,9 +133,9 @@ def parse_args(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="print the engine commands in run order and exit")
     a, rest = ap.parse_known_args(argv)
     a.modes = [m for m in a.modes.split(",") if m]
-    bad = [m for m in a.modes if m not in ("ours", "upstream", "plain")]
-    if bad:
-        ap.error(f"--modes: unknown mode(s) {bad}; use ours, upstream, plain")
+    bad = [m for m in a.modes if m not in EXPECTED_KIND]
+    if bad or not a.modes or len(set(a.modes)) != len(a.modes):
+        ap.error(f"--modes {','.join(a.modes) or '(none)'}: give each of ours, upstream, plain at most once")
     if a.repeats < 1:
         ap.error("--repeats needs an integer >= 1")
     a.engine_argv = rest
@@ -132,29 +158,47 @@ def main(argv=None) -> int:
             print(f"DRYRUN {r} {mode}: {shlex.join(cmd)}")
         return 0
     os.makedirs(log_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     bv.model_paths(a.bench)  # make the models once, before the first engine
     meta = {"model": a.bench.model, "steps": a.bench.steps, "hardware": bv._hardware(),
             "versions": bv._versions(), "command": shlex.join([sys.executable] + sys.argv),
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "runs": []}
+    child = {"p": None}
+
+    def finish(code: int, show: bool = True) -> int:
+        summary = summarise(meta["runs"])
+        with open(a.out, "w") as f:
+            json.dump({"meta": meta, "summary": summary}, f, indent=1)
+        if show:
+            print(format_summary(summary, meta), flush=True)
+        return code
+
+    def on_term(signum, frame):
+        if child["p"] is not None:
+            bv._kill_tree(child["p"])
+        meta["interrupted"] = f"signal {signum} after {len(meta['runs'])} of {len(cmds)} engines"
+        sys.exit(finish(124))
+
+    signal.signal(signal.SIGTERM, on_term)
     for r, mode, cmd in cmds:
         log = os.path.join(log_dir, f"capture_{r}_{mode}.log")
         t0 = time.time()
         with open(log, "w") as lf:
-            p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
+            child["p"] = p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
             try:
                 rc = p.wait(timeout=a.mode_timeout)
             except subprocess.TimeoutExpired:
                 bv._kill_tree(p)
                 rc = "timeout"
-        run = {"repeat": r, "mode": mode, "capture": target_capture(log), "status": f"rc={rc}",
-               "wall_s": round(time.time() - t0, 1)}
+        child["p"] = None
+        cap = target_capture(log)
+        ok, status = judge(mode, rc, cap)
+        run = {"repeat": r, "mode": mode, "capture": cap, "ok": ok, "status": status,
+               "wall_s": round(time.time() - t0, 1), "log": log}
         meta["runs"].append(run)
-        print(f"CAPTURE run {r} {mode}: rc={rc} {run['capture']} ({run['wall_s']}s)", flush=True)
-    summary = summarise(meta["runs"])
-    with open(a.out, "w") as f:
-        json.dump({"meta": meta, "summary": summary}, f, indent=1)
-    print(format_summary(summary, meta), flush=True)
-    return 0 if all(r["capture"] and r["status"] == "rc=0" for r in meta["runs"]) else 1
+        print(f"CAPTURE run {r} {mode}: {status} {cap} ({run['wall_s']}s)", flush=True)
+        finish(0, show=False)  # partial results on disk after every engine
+    return finish(0 if all(r["ok"] for r in meta["runs"]) else 1)
 
 
 if __name__ == "__main__":

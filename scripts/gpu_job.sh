@@ -71,7 +71,8 @@ STAGES=${STAGES:-gpu e2e bench}
 # barrier (pseudo-stage "wait": wait for them, run the rest one at a time), compute-sanitizer alone
 # (memcheck beside 9 other stages timed out, 2026-12-01). Over 10 minutes in all: on the lent H200
 # (10-minute calls) run issue6a, then STAGES=sanitizer. The groups default the limits of the stages
-# they run at once to 520 s (contention: run 10's took up to 415 s) and issue6's TOTAL_S to 1000 s.
+# they run at once to 520 s (contention: run 10's took up to 415 s) and issue6's TOTAL_S to 1000 s;
+# like every stage limit, these are cut to what is left of TOTAL_S - RESERVE_S.
 _expanded=""  # group names anywhere in STAGES expand in place and default PARALLEL to 1
 for _g in $STAGES; do
   case $_g in
@@ -311,7 +312,8 @@ if [ -f "$LOGS/bench.log" ]; then
   grep -E '^RESULT ' "$LOGS/bench.log" | tail -90 | cut -c1-400 >> "$SUMMARY"  # one step count's 18-row grid with its mode, capture and meta lines
 fi
 [ -f "$W/bench_results.json" ] && cp "$W/bench_results.json" "$OUT/"
-if [ -f "$LOGS/capture.log" ]; then
+if [ -f "$LOGS/capture.log" ]; then  # one line per engine as it finished (kept if the stage timed out)
+  grep -E '^CAPTURE run ' "$LOGS/capture.log" | cut -c1-300 | while read -r l; do say "$l"; done
   grep -E '^RESULT ' "$LOGS/capture.log" | tail -30 | cut -c1-400 >> "$SUMMARY"
 fi
 [ -f "$W/capture_results.json" ] && cp "$W/capture_results.json" "$OUT/"

@@ -31,13 +31,16 @@ def _cap(s, g, kind="ours"):
     return {"kind": kind, "seconds": s, "gib": g}
 
 
+def _run(rep, mode, cap, ok=True):
+    return {"repeat": rep, "mode": mode, "capture": cap, "ok": ok}
+
+
 def test_summarise_medians_ratios_and_paired_repeats():
-    runs = [{"repeat": 0, "mode": "ours", "capture": _cap(3.0, 0.10)},
-            {"repeat": 0, "mode": "upstream", "capture": _cap(3.3, 0.17, "upstream verify")},
-            {"repeat": 1, "mode": "upstream", "capture": _cap(3.1, 0.17, "upstream verify")},
-            {"repeat": 1, "mode": "ours", "capture": _cap(3.4, 0.11)},
-            {"repeat": 2, "mode": "ours", "capture": _cap(3.2, 0.11)},
-            {"repeat": 2, "mode": "upstream", "capture": None}]
+    up = "upstream verify"
+    runs = [_run(0, "ours", _cap(3.0, 0.10)), _run(0, "upstream", _cap(3.3, 0.17, up)),
+            _run(1, "upstream", _cap(3.1, 0.17, up)), _run(1, "ours", _cap(3.4, 0.11)),
+            _run(2, "ours", _cap(3.2, 0.11)), _run(2, "upstream", None, ok=False),
+            _run(3, "ours", _cap(9.9, 0.5), ok=False)]  # a failed engine with a line: not counted
     s = bc.summarise(runs)
     assert s["modes"]["ours"] == {"n": 3, "median_s": 3.2, "min_s": 3.0, "max_s": 3.4, "median_gib": 0.11,
                                   "seconds": [3.0, 3.4, 3.2]}
@@ -47,13 +50,30 @@ def test_summarise_medians_ratios_and_paired_repeats():
 
 
 def test_summarise_without_upstream_gives_no_ratio():
-    s = bc.summarise([{"repeat": 0, "mode": "ours", "capture": _cap(3.0, 0.1)},
-                      {"repeat": 0, "mode": "upstream", "capture": None}])
+    s = bc.summarise([_run(0, "ours", _cap(3.0, 0.1)), _run(0, "upstream", None, ok=False)])
     assert s["modes"]["upstream"] == {"n": 0} and "ours_per_upstream" not in s
 
 
+def test_judge_fails_an_engine_that_exited_badly_or_captured_the_wrong_graph():
+    """An ``ours`` engine whose log shows upstream's verify capture: the plugin did not install."""
+    assert bc.judge("ours", 0, _cap(3.0, 0.1)) == (True, "rc=0")
+    assert bc.judge("ours", 0, _cap(3.0, 0.1, "upstream verify"))[0] is False
+    assert "expected 'ours'" in bc.judge("ours", 0, _cap(3.0, 0.1, "upstream verify"))[1]
+    assert bc.judge("upstream", 1, _cap(3.0, 0.1, "upstream verify")) == (False, "rc=1")
+    assert bc.judge("upstream", "timeout", None) == (False, "rc=timeout")
+    assert bc.judge("plain", 0, None) == (False, "rc=0, no capture line")
+
+
+def test_negative_memory_prints_no_ratio():
+    s = bc.summarise([_run(0, "ours", _cap(3.0, -0.9)), _run(0, "upstream", _cap(3.0, 0.17, "upstream verify"))])
+    meta = {"model": "m", "steps": 2, "runs": [], "hardware": "-", "versions": {}, "command": "-"}
+    assert "time 1.0x, memory -;" in bc.format_summary(s, meta)
+
+
 @pytest.mark.parametrize("argv, msg", [(["--steps", "1,2"], "one value per run"),
-                                       (["--modes", "ours,eager"], "unknown mode"),
+                                       (["--modes", "ours,eager"], "at most once"),
+                                       (["--modes", ","], "(none)"),
+                                       (["--modes", "ours,ours"], "at most once"),
                                        (["--repeats", "0"], ">= 1")])
 def test_bad_flags_exit_2_naming_the_flag(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -90,7 +110,7 @@ def test_main_runs_each_engine_and_fails_on_a_missing_capture(tmp_path, monkeypa
     assert starts == [("ours", True), ("upstream", True), ("upstream", True), ("ours", True),
                       ("ours", True), ("upstream", True)]
     assert "RESULT capture ours / upstream (medians): time 1.07x, memory 0.641x; per repeat: 1.066x, 1.07x" in text
-    assert "RESULT run 2 upstream: no capture line (rc=0)" in text
+    assert "RESULT run 2 upstream: no capture line (rc=0, no capture line, FAILED: not counted)" in text
     assert out.exists()
 
 
@@ -106,3 +126,47 @@ def test_gpu_job_dry_run_has_the_capture_stage(tmp_path):
     order = [ln.split(":")[0] for ln in log.splitlines() if ln.startswith("DRYRUN ")]
     assert order == ["DRYRUN 0 ours", "DRYRUN 0 upstream", "DRYRUN 1 upstream", "DRYRUN 1 ours"]
     assert "stages: capture=0" in (tmp_path / "gpujob" / "summary.txt").read_text()
+
+
+DRIVER = """
+import sys, subprocess
+sys.path.insert(0, {bench!r})
+import bench_capture as bc
+REAL = subprocess.Popen
+n = []
+def engine(cmd, stdout, stderr):
+    n.append(1)
+    code = "print(%r, flush=True)" % {line!r}
+    if len(n) > 1:
+        code += "; import time; time.sleep(60)"
+    return REAL([sys.executable, "-c", code], stdout=stdout, stderr=stderr)
+bc.subprocess.Popen = engine
+bc.bv.model_paths = lambda a: None
+bc.bv._hardware = lambda: "stand-in"
+sys.exit(bc.main(["--repeats", "2", "--out", {out!r}, "--log-dir", {logs!r}, "--steps", "2"]))
+"""
+
+
+def test_sigterm_keeps_the_finished_engines(tmp_path):
+    """The GPU job's stage limit sends SIGTERM: the engine is killed, the finished runs are printed
+    and written (run 0), and the exit code is 124."""
+    import json
+    import signal
+    import time
+
+    out = tmp_path / "c.json"
+    drv = tmp_path / "drv.py"
+    drv.write_text(DRIVER.format(bench=os.path.join(ROOT, "benchmark"), line=OURS_LINE.format(s="3.36", g=0.109),
+                                 out=str(out), logs=str(tmp_path / "logs")))
+    p = subprocess.Popen([sys.executable, str(drv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while not out.exists() and time.time() < deadline:  # written after run 0
+        time.sleep(0.2)
+    time.sleep(1.0)  # run 1 (the sleeping engine) has started
+    p.send_signal(signal.SIGTERM)
+    text = p.communicate(timeout=60)[0]
+    assert p.returncode == 124, text[-2000:]
+    assert "RESULT run 0 ours: 3.36 s, 0.109 GiB (rc=0)" in text
+    data = json.loads(out.read_text())
+    assert len(data["meta"]["runs"]) == 1 and data["meta"]["interrupted"].startswith("signal 15")
+    assert data["summary"]["modes"]["ours"]["n"] == 1
