@@ -35,7 +35,6 @@ import os
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 
@@ -43,10 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402
-from capture_log import target_capture  # noqa: E402
-
-
-EXPECTED_KIND = {"ours": "ours", "upstream": "upstream verify", "plain": "plain decode"}
+from capture_log import MODE_KIND, memory_ratio, target_capture  # noqa: E402
 
 
 def run_order(modes: list, repeats: int) -> list:
@@ -61,8 +57,8 @@ def judge(mode: str, rc, capture) -> tuple[bool, str]:
         return False, status
     if capture is None:
         return False, status + ", no capture line"
-    if capture["kind"] != EXPECTED_KIND[mode]:
-        return False, status + f", capture kind {capture['kind']!r}, expected {EXPECTED_KIND[mode]!r}"
+    if capture["kind"] != MODE_KIND[mode]:
+        return False, status + f", capture kind {capture['kind']!r}, expected {MODE_KIND[mode]!r}"
     return True, status
 
 
@@ -87,8 +83,7 @@ def summarise(runs: list) -> dict:
     if o.get("n") and u.get("n"):
         out["ours_per_upstream"] = {
             "time": round(o["median_s"] / u["median_s"], 3) if u["median_s"] > 0 else None,
-            "memory": (round(o["median_gib"] / u["median_gib"], 3)
-                       if u["median_gib"] > 0 and o["median_gib"] > 0 else None)}
+            "memory": memory_ratio(o["median_gib"], u["median_gib"], 3)}
         by_rep = {}
         for r in good:
             by_rep.setdefault(r["repeat"], {})[r["mode"]] = r["capture"]["seconds"]
@@ -133,7 +128,7 @@ def parse_args(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="print the engine commands in run order and exit")
     a, rest = ap.parse_known_args(argv)
     a.modes = [m for m in a.modes.split(",") if m]
-    bad = [m for m in a.modes if m not in EXPECTED_KIND]
+    bad = [m for m in a.modes if m not in MODE_KIND]
     if bad or not a.modes or len(set(a.modes)) != len(a.modes):
         ap.error(f"--modes {','.join(a.modes) or '(none)'}: give each of ours, upstream, plain at most once")
     if a.repeats < 1:
@@ -183,14 +178,7 @@ def main(argv=None) -> int:
     for r, mode, cmd in cmds:
         log = os.path.join(log_dir, f"capture_{r}_{mode}.log")
         t0 = time.time()
-        with open(log, "w") as lf:
-            child["p"] = p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
-            try:
-                rc = p.wait(timeout=a.mode_timeout)
-            except subprocess.TimeoutExpired:
-                bv._kill_tree(p)
-                rc = "timeout"
-        child["p"] = None
+        rc = bv.run_logged(cmd, log, a.mode_timeout, child)
         cap = target_capture(log)
         ok, status = judge(mode, rc, cap)
         run = {"repeat": r, "mode": mode, "capture": cap, "ok": ok, "status": status,

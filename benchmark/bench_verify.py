@@ -319,6 +319,21 @@ def _mode_status(res) -> str:
     return s
 
 
+def run_logged(cmd: list, log: str, timeout: float, child: dict):
+    """Run one engine subprocess with stdout+stderr to ``log``; ``child["p"]`` holds it meanwhile
+    (for a SIGTERM handler to kill). Returns its exit code, or ``"timeout"`` after ``timeout`` s
+    (its process tree killed)."""
+    with open(log, "w") as lf:
+        child["p"] = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
+        try:
+            rc = child["p"].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(child["p"])
+            rc = "timeout"
+    child["p"] = None
+    return rc
+
+
 def _kill_tree(p) -> None:
     """SIGKILL a child and all its descendants (the Engine's scheduler/detokenizer processes), by pid."""
     try:
@@ -379,13 +394,7 @@ def run_parent(a) -> int:
         cmd = ([sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
                + ["--steps", str(k), "--child", mode, "--child-out", jf])
         t0 = time.time()
-        with open(log, "w") as lf:
-            child["p"] = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
-            try:
-                rc = child["p"].wait(timeout=a.mode_timeout)
-            except subprocess.TimeoutExpired:
-                _kill_tree(child["p"])
-                rc = "timeout"
+        rc = run_logged(cmd, log, a.mode_timeout, child)
         res = json.load(open(jf)) if os.path.exists(jf) else {"mode": mode, "ok": False}
         if rc != 0 and res.get("ok") is not True:
             tail = open(log, errors="replace").read().splitlines()[-25:]

@@ -17,6 +17,7 @@ import re
 
 OURS = re.compile(r"VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=(\[[^\]]*\]).*?"
                   r"([0-9.]+) s, (-?[0-9.]+) GiB")
+MODE_KIND = {"ours": "ours", "upstream": "upstream verify", "plain": "plain decode"}  # bench mode -> kind
 SGLANG = re.compile(r"Capture target (verify|decode) CUDA graph end\. elapsed=([0-9.]+) s, "
                     r"mem usage=(-?[0-9.]+) GB")
 
@@ -30,12 +31,18 @@ def target_capture(log_path: str) -> dict | None:
         return None
     m = OURS.search(text)
     if m:
-        return {"kind": "ours", "capture_bs": m.group(1), "seconds": float(m.group(2)), "gib": float(m.group(3))}
+        return {"kind": MODE_KIND["ours"], "capture_bs": m.group(1), "seconds": float(m.group(2)), "gib": float(m.group(3))}
     m = SGLANG.search(text)
     if m:
-        kind = "upstream verify" if m.group(1) == "verify" else "plain decode"
+        kind = MODE_KIND["upstream"] if m.group(1) == "verify" else MODE_KIND["plain"]
         return {"kind": kind, "seconds": float(m.group(2)), "gib": float(m.group(3))}
     return None
+
+
+def memory_ratio(ours_gib: float, upstream_gib: float, digits: int = 2) -> float | None:
+    """Ours / upstream graph memory, or None unless both are positive drops (a server sharing the
+    GPU can read negative, run 10: -0.946 GiB)."""
+    return round(ours_gib / upstream_gib, digits) if ours_gib > 0 and upstream_gib > 0 else None
 
 
 def format_capture(captures: dict) -> list[str]:
@@ -46,8 +53,8 @@ def format_capture(captures: dict) -> list[str]:
             lines.append(f"RESULT capture {key}: {c['kind']} {c['seconds']:.2f} s, {c['gib']:.3f} GiB")
     for key, c in captures.items():
         up = captures.get(key.replace("ours", "upstream", 1)) if key.startswith("ours") else None
-        # memory ratios only from positive drops (a server sharing the GPU can read negative)
-        if c and up and c["kind"] == "ours" and up["seconds"] > 0 and up["gib"] > 0 and c["gib"] > 0:
+        mem = memory_ratio(c["gib"], up["gib"]) if c and up else None
+        if mem is not None and c["kind"] == MODE_KIND["ours"] and up["seconds"] > 0:
             lines.append(f"RESULT capture {key} / upstream: time {c['seconds'] / up['seconds']:.2f}x, "
-                         f"memory {c['gib'] / up['gib']:.2f}x")
+                         f"memory {mem:.2f}x")
     return lines

@@ -100,7 +100,7 @@ def test_main_runs_each_engine_and_fails_on_a_missing_capture(tmp_path, monkeypa
         def wait(self, timeout=None):
             return 0
 
-    monkeypatch.setattr(bc.subprocess, "Popen", FakeEngine)
+    monkeypatch.setattr(bc.bv.subprocess, "Popen", FakeEngine)
     monkeypatch.setattr(bc.bv, "model_paths", lambda a: None)
     monkeypatch.setattr(bc.bv, "_hardware", lambda: "H200 (stand-in)")
     out = tmp_path / "capture.json"
@@ -140,7 +140,7 @@ def engine(cmd, stdout, stderr):
     if len(n) > 1:
         code += "; import time; time.sleep(60)"
     return REAL([sys.executable, "-c", code], stdout=stdout, stderr=stderr)
-bc.subprocess.Popen = engine
+bc.bv.subprocess.Popen = engine
 bc.bv.model_paths = lambda a: None
 bc.bv._hardware = lambda: "stand-in"
 sys.exit(bc.main(["--repeats", "2", "--out", {out!r}, "--log-dir", {logs!r}, "--steps", "2"]))
