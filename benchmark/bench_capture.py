@@ -12,7 +12,9 @@ subprocess (``bench_verify.py --child MODE --capture-only``: start-up, capture, 
 generation), alternating the order per repeat (ours, upstream / upstream, ours, ...) so neither
 mode always starts on a cold page cache or after the other's teardown. Each engine's capture time
 (s) and memory (GiB = 2**30 bytes) come from its log line (``capture_log.target_capture``: the
-whole runner construction, buffers + every bucket's warm-up and capture). Prints one table
+whole runner construction, buffers + every bucket's warm-up and capture), with the free GPU memory
+SGLang logs once the target's graphs exist (the comparable figure where the drop reads negative,
+as on the Kimi shape in run 12). Prints one table
 (median, min, max per mode; ours / upstream of the medians and the per-repeat paired ratios) and
 writes ``--out`` (JSON). The engine flags are ``bench_verify.py``'s, so the buckets and pool match
 the sweep being judged; one ``--steps`` value per run.
@@ -63,10 +65,12 @@ def judge(mode: str, rc, capture) -> tuple[bool, str]:
 
 
 def summarise(runs: list) -> dict:
-    """Per mode: n, median / min / max seconds, median GiB, over the runs with ``ok``; plus
-    ``ours_per_upstream`` (time and memory, ratio of the medians; memory None unless both are
-    positive drops) and ``paired_time`` (ours / upstream per repeat where both are ok). ``runs``:
-    dicts with ``repeat``, ``mode``, ``ok`` and ``capture``."""
+    """Per mode: n, median / min / max seconds, median GiB (free-memory drop) and median free GiB
+    after the target's graphs (None unless every counted log has it), over the runs with ``ok``;
+    plus ``ours_per_upstream`` (time and memory, ratio of the medians, memory None unless both are
+    positive drops; ``free_after_diff_gib``: ours' median free GiB minus upstream's) and
+    ``paired_time`` (ours / upstream per repeat where both are ok). ``runs``: dicts with
+    ``repeat``, ``mode``, ``ok`` and ``capture``."""
     good = [r for r in runs if r.get("ok") and r.get("capture")]
     out = {"modes": {}}
     for mode in dict.fromkeys(r["mode"] for r in runs):
@@ -75,15 +79,20 @@ def summarise(runs: list) -> dict:
             out["modes"][mode] = {"n": 0}
             continue
         secs = [c["seconds"] for c in caps]
+        free = [c.get("free_after_gib") for c in caps]
         out["modes"][mode] = {"n": len(caps), "median_s": round(statistics.median(secs), 3),
                               "min_s": min(secs), "max_s": max(secs),
                               "median_gib": round(statistics.median(c["gib"] for c in caps), 3),
+                              "median_free_after_gib": (None if None in free
+                                                        else round(statistics.median(free), 3)),
                               "seconds": secs}
     o, u = out["modes"].get("ours", {}), out["modes"].get("upstream", {})
     if o.get("n") and u.get("n"):
+        fo, fu = o["median_free_after_gib"], u["median_free_after_gib"]
         out["ours_per_upstream"] = {
             "time": round(o["median_s"] / u["median_s"], 3) if u["median_s"] > 0 else None,
-            "memory": memory_ratio(o["median_gib"], u["median_gib"], 3)}
+            "memory": memory_ratio(o["median_gib"], u["median_gib"], 3),
+            "free_after_diff_gib": None if fo is None or fu is None else round(fo - fu, 3)}
         by_rep = {}
         for r in good:
             by_rep.setdefault(r["repeat"], {})[r["mode"]] = r["capture"]["seconds"]
@@ -95,19 +104,27 @@ def summarise(runs: list) -> dict:
 def format_summary(summary: dict, meta: dict) -> str:
     x = lambda v: "-" if v is None else f"{v}x"  # noqa: E731
     lines = [f"RESULT capture-repeat model={meta['model']} steps={meta['steps']} (the target's verify graphs; "
-             "plain: its decode graphs; s = whole runner construction, GiB = free-memory drop)",
-             "RESULT " + " ".join(f"{h:>10}" for h in ("mode", "n", "median_s", "min_s", "max_s", "median_GiB"))]
+             "plain: its decode graphs; s = whole runner construction, GiB = free-memory drop, "
+             "free_GiB = free GPU memory after the target's graphs)",
+             "RESULT " + " ".join(f"{h:>10}" for h in ("mode", "n", "median_s", "min_s", "max_s", "median_GiB",
+                                                        "free_GiB"))]
     for mode, m in summary["modes"].items():
-        vals = [mode, m["n"]] + ([m["median_s"], m["min_s"], m["max_s"], m["median_gib"]] if m["n"] else ["-"] * 4)
+        free = m.get("median_free_after_gib")
+        vals = [mode, m["n"]] + ([m["median_s"], m["min_s"], m["max_s"], m["median_gib"],
+                                  "-" if free is None else free] if m["n"] else ["-"] * 5)
         lines.append("RESULT " + " ".join(f"{v:>10}" for v in vals))
     r = summary.get("ours_per_upstream")
     if r:
         p = summary.get("paired_time") or []
-        lines.append(f"RESULT capture ours / upstream (medians): time {x(r['time'])}, memory {x(r['memory'])}; "
+        d = r.get("free_after_diff_gib")
+        lines.append(f"RESULT capture ours / upstream (medians): time {x(r['time'])}, memory {x(r['memory'])}, "
+                     f"free after {'-' if d is None else f'{d:+.3f} GiB'}; "
                      f"per repeat: {', '.join(f'{v}x' for v in p) or '-'}")
     for run in meta["runs"]:
         c = run["capture"]
-        cap = f"{c['seconds']:.2f} s, {c['gib']:.3f} GiB" if c else "no capture line"
+        free = c.get("free_after_gib") if c else None
+        cap = (f"{c['seconds']:.2f} s, {c['gib']:.3f} GiB" + ("" if free is None else f", {free:.2f} GiB free after")
+               if c else "no capture line")
         lines.append(f"RESULT run {run['repeat']} {run['mode']}: {cap} ({run['status']}"
                      + ("" if run["ok"] else ", FAILED: not counted") + ")")
     lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),

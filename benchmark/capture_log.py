@@ -9,6 +9,13 @@ warm-up and ``torch.cuda.graph`` capture), memory as the drop in free GPU memory
   (``sglang_verify_graph.sglang_adapter.capture_verify_runner``);
 * upstream / plain: ``Capture target verify|decode CUDA graph end. elapsed=<s> s, mem usage=<gib> GB``
   (SGLang 0.5.16 ``model_runner_components/cuda_graph_setup.capture_decode_graph``).
+
+The drop can read negative (run 12, Kimi shape: -0.557 GiB for ours, -0.17 GiB for upstream's
+graph, the same in every start): the target's construction frees memory that was held before it,
+so the drop is no graph-memory figure there. What both modes can be compared on is the free GPU
+memory once the target's graphs exist: the ``avail mem=<GiB> GB`` of SGLang's next capture line,
+``Capture draft decode|extend CUDA graph begin`` (the EAGLE-3 draft's graphs, captured right after
+the target's; ``free_after_gib``, None for a plain server or a log without it).
 """
 
 from __future__ import annotations
@@ -20,23 +27,39 @@ OURS = re.compile(r"VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture
 MODE_KIND = {"ours": "ours", "upstream": "upstream verify", "plain": "plain decode"}  # bench mode -> kind
 SGLANG = re.compile(r"Capture target (verify|decode) CUDA graph end\. elapsed=([0-9.]+) s, "
                     r"mem usage=(-?[0-9.]+) GB")
+DRAFT_BEGIN = re.compile(r"Capture draft (?:decode|extend) CUDA graph begin\..*?avail mem=([0-9.]+) GB")
+
+
+def _free_after(text: str, pos: int) -> float | None:
+    m = DRAFT_BEGIN.search(text, pos)
+    return float(m.group(1)) if m else None
 
 
 def target_capture(log_path: str) -> dict | None:
-    """``{"kind": "ours"|"upstream verify"|"plain decode", "seconds": s, "gib": GiB}`` of the
-    target's decode/verify graph capture in ``log_path`` (the first such line), or None."""
+    """``{"kind": "ours"|"upstream verify"|"plain decode", "seconds": s, "gib": GiB,
+    "free_after_gib": GiB or None}`` of the target's decode/verify graph capture in ``log_path``
+    (the first such line; ours adds ``capture_bs``), or None."""
     try:
         text = open(log_path, errors="replace").read()
     except OSError:
         return None
     m = OURS.search(text)
     if m:
-        return {"kind": MODE_KIND["ours"], "capture_bs": m.group(1), "seconds": float(m.group(2)), "gib": float(m.group(3))}
+        return {"kind": MODE_KIND["ours"], "capture_bs": m.group(1), "seconds": float(m.group(2)),
+                "gib": float(m.group(3)), "free_after_gib": _free_after(text, m.end())}
     m = SGLANG.search(text)
     if m:
         kind = MODE_KIND["upstream"] if m.group(1) == "verify" else MODE_KIND["plain"]
-        return {"kind": kind, "seconds": float(m.group(2)), "gib": float(m.group(3))}
+        return {"kind": kind, "seconds": float(m.group(2)), "gib": float(m.group(3)),
+                "free_after_gib": _free_after(text, m.end())}
     return None
+
+
+def free_after_diff(ours: dict, upstream: dict) -> float | None:
+    """GiB more free GPU memory after ours' target graphs than after upstream's (negative: less),
+    or None unless both logs have the figure (``target_capture``'s ``free_after_gib``)."""
+    a, b = ours.get("free_after_gib"), upstream.get("free_after_gib")
+    return None if a is None or b is None else round(a - b, 3)
 
 
 def memory_ratio(ours_gib: float, upstream_gib: float, digits: int = 2) -> float | None:
@@ -46,15 +69,21 @@ def memory_ratio(ours_gib: float, upstream_gib: float, digits: int = 2) -> float
 
 
 def format_capture(captures: dict) -> list[str]:
-    """``RESULT capture`` lines, one per engine, plus ours / upstream ratios per step count."""
+    """``RESULT capture`` lines, one per engine, plus ours / upstream per step count: time ratio,
+    memory-drop ratio (``-`` unless both drops are positive) and the free-memory difference after
+    the target's graphs (``free_after_diff``, when both logs have it)."""
     lines = []
     for key, c in captures.items():
         if c:
-            lines.append(f"RESULT capture {key}: {c['kind']} {c['seconds']:.2f} s, {c['gib']:.3f} GiB")
+            free = c.get("free_after_gib")
+            lines.append(f"RESULT capture {key}: {c['kind']} {c['seconds']:.2f} s, {c['gib']:.3f} GiB"
+                         + ("" if free is None else f", {free:.2f} GiB free after"))
     for key, c in captures.items():
         up = captures.get(key.replace("ours", "upstream", 1)) if key.startswith("ours") else None
-        mem = memory_ratio(c["gib"], up["gib"]) if c and up else None
-        if mem is not None and c["kind"] == MODE_KIND["ours"] and up["seconds"] > 0:
-            lines.append(f"RESULT capture {key} / upstream: time {c['seconds'] / up['seconds']:.2f}x, "
-                         f"memory {mem:.2f}x")
+        if not (c and up and c["kind"] == MODE_KIND["ours"] and up["seconds"] > 0):
+            continue
+        mem, diff = memory_ratio(c["gib"], up["gib"]), free_after_diff(c, up)
+        lines.append(f"RESULT capture {key} / upstream: time {c['seconds'] / up['seconds']:.2f}x, "
+                     f"memory {'-' if mem is None else f'{mem:.2f}x'}"
+                     + ("" if diff is None else f", free after {diff:+.2f} GiB"))
     return lines

@@ -43,9 +43,9 @@ def test_summarise_medians_ratios_and_paired_repeats():
             _run(3, "ours", _cap(9.9, 0.5), ok=False)]  # a failed engine with a line: not counted
     s = bc.summarise(runs)
     assert s["modes"]["ours"] == {"n": 3, "median_s": 3.2, "min_s": 3.0, "max_s": 3.4, "median_gib": 0.11,
-                                  "seconds": [3.0, 3.4, 3.2]}
+                                  "median_free_after_gib": None, "seconds": [3.0, 3.4, 3.2]}
     assert s["modes"]["upstream"]["n"] == 2 and s["modes"]["upstream"]["median_s"] == 3.2
-    assert s["ours_per_upstream"] == {"time": 1.0, "memory": 0.647}
+    assert s["ours_per_upstream"] == {"time": 1.0, "memory": 0.647, "free_after_diff_gib": None}
     assert s["paired_time"] == [0.909, 1.097]  # repeat 2 has no upstream figure: not paired
 
 
@@ -67,7 +67,28 @@ def test_judge_fails_an_engine_that_exited_badly_or_captured_the_wrong_graph():
 def test_negative_memory_prints_no_ratio():
     s = bc.summarise([_run(0, "ours", _cap(3.0, -0.9)), _run(0, "upstream", _cap(3.0, 0.17, "upstream verify"))])
     meta = {"model": "m", "steps": 2, "runs": [], "hardware": "-", "versions": {}, "command": "-"}
-    assert "time 1.0x, memory -;" in bc.format_summary(s, meta)
+    assert "time 1.0x, memory -, free after -;" in bc.format_summary(s, meta)
+
+
+def test_negative_drops_compare_on_free_memory_after_the_target_graphs():
+    """Run 12, call 5 (kimi-small, num_steps 2, two starts per mode): both drops read negative
+    in every start; the medians of the free memory after the target's graphs are compared."""
+    up = "upstream verify"
+    runs = [_run(0, "ours", dict(_cap(2.56, -0.557), free_after_gib=29.57)),
+            _run(0, "upstream", dict(_cap(3.67, -0.17, up), free_after_gib=29.23)),
+            _run(1, "upstream", dict(_cap(3.68, -0.17, up), free_after_gib=29.23)),
+            _run(1, "ours", dict(_cap(3.31, -0.557), free_after_gib=29.57))]
+    s = bc.summarise(runs)
+    assert s["modes"]["ours"]["median_free_after_gib"] == 29.57
+    assert s["ours_per_upstream"] == {"time": 0.799, "memory": None, "free_after_diff_gib": 0.34}
+    meta = {"model": "kimi-small", "steps": 2, "hardware": "-", "versions": {}, "command": "-",
+            "runs": [dict(r, status="rc=0") for r in runs]}
+    text = bc.format_summary(s, meta)
+    assert "time 0.799x, memory -, free after +0.340 GiB; per repeat: 0.698x, 0.899x" in text
+    assert "RESULT run 0 ours: 2.56 s, -0.557 GiB, 29.57 GiB free after (rc=0)" in text
+    # one counted start without the figure: no median of it, no difference
+    runs[3]["capture"].pop("free_after_gib")
+    assert bc.summarise(runs)["ours_per_upstream"]["free_after_diff_gib"] is None
 
 
 @pytest.mark.parametrize("argv, msg", [(["--steps", "1,2"], "one value per run"),
@@ -109,7 +130,7 @@ def test_main_runs_each_engine_and_fails_on_a_missing_capture(tmp_path, monkeypa
     assert rc == 1
     assert starts == [("ours", True), ("upstream", True), ("upstream", True), ("ours", True),
                       ("ours", True), ("upstream", True)]
-    assert "RESULT capture ours / upstream (medians): time 1.07x, memory 0.641x; per repeat: 1.066x, 1.07x" in text
+    assert "RESULT capture ours / upstream (medians): time 1.07x, memory 0.641x, free after -; per repeat: 1.066x, 1.07x" in text
     assert "RESULT run 2 upstream: no capture line (rc=0, no capture line, FAILED: not counted)" in text
     assert out.exists()
 

@@ -32,9 +32,9 @@ def _log(tmp_path, name, text):
 def test_target_capture_reads_the_target_line_of_each_engine(tmp_path):
     assert capture_log.target_capture(_log(tmp_path, "ours", OURS)) == {
         "kind": "ours", "capture_bs": "[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32]",
-        "seconds": 3.64, "gib": 0.133}
+        "seconds": 3.64, "gib": 0.133, "free_after_gib": None}  # a draft capture's end line is no figure
     assert capture_log.target_capture(_log(tmp_path, "upstream", UPSTREAM)) == {
-        "kind": "upstream verify", "seconds": 2.27, "gib": 0.21}
+        "kind": "upstream verify", "seconds": 2.27, "gib": 0.21, "free_after_gib": None}
     assert capture_log.target_capture(_log(tmp_path, "plain", PLAIN))["kind"] == "plain decode"
     assert capture_log.target_capture(_log(tmp_path, "draft_only", OURS.splitlines()[1])) is None
     assert capture_log.target_capture(str(tmp_path / "missing.log")) is None
@@ -52,12 +52,55 @@ def test_format_capture_ratios_pair_ours_with_upstream_of_the_same_steps(tmp_pat
     assert len(lines) == 4
 
 
-def test_format_capture_gives_no_ratio_for_a_negative_memory_reading(tmp_path):
-    """Under ``PARALLEL=1`` the free-memory drop can be negative (run 10: -0.946 GiB)."""
+def test_format_capture_gives_no_memory_ratio_for_a_negative_reading(tmp_path):
+    """Under ``PARALLEL=1`` the free-memory drop can be negative (run 10: -0.946 GiB): the time
+    ratio stays, the memory ratio is ``-``."""
     caps = {"ours": capture_log.target_capture(_log(tmp_path, "o", OURS.replace("0.133 GiB", "-0.946 GiB"))),
             "upstream": capture_log.target_capture(_log(tmp_path, "u", UPSTREAM))}
     assert caps["ours"]["gib"] == -0.946
-    assert not any("/ upstream" in ln for ln in capture_log.format_capture(caps))
+    assert "RESULT capture ours / upstream: time 1.60x, memory -" in capture_log.format_capture(caps)
+
+
+# Run 12, call 2 (kimi-small, num_steps 2; docs/runs/run12_log_excerpts.txt): both drops read
+# negative in every start, and the draft's first capture line gives the free memory after the
+# target's graphs.
+KIMI_OURS = ("[2026-12-01 15:00:55] VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=[1, 2, 3, 4, 5, 6, "
+             "7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32], num_draft_tokens=3 tokens/request, attention=chain "
+             "split-KV (MLA), 3.93 s, -0.557 GiB\n"
+             "[2026-12-01 15:00:55] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, "
+             "3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32], avail mem=29.57 GB\n"
+             "[2026-12-01 15:00:56] Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=3, bs=[1], "
+             "avail mem=29.49 GB\n")
+KIMI_UPSTREAM = ("[2026-12-01 15:02:15] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=3, "
+                 "bs=[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32], avail mem=29.06 GB\n"
+                 "[2026-12-01 15:02:18] Capture target verify CUDA graph end. elapsed=3.11 s, mem usage=-0.17 GB, "
+                 "avail mem=29.23 GB.\n"
+                 "[2026-12-01 15:02:18] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+                 "bs=[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32], avail mem=29.23 GB\n")
+# num_steps 1 has no draft decode graph: the draft extend capture is the next line (run 12, call 3)
+KIMI_OURS_STEPS1 = ("[2026-12-01 15:10:09] VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=[1, 2], "
+                    "num_draft_tokens=2 tokens/request, attention=chain split-KV (MLA), 5.61 s, -0.578 GiB\n"
+                    "[2026-12-01 15:10:09] Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=2, "
+                    "bs=[1, 2], avail mem=29.59 GB\n")
+
+
+def test_free_memory_after_the_target_graphs_is_the_draft_capture_begin_line(tmp_path):
+    """Failure mode: on the Kimi shape the drop reads negative for both modes, and a figure taken
+    from the wrong line (the draft's later capture, the target's own begin line) compares two
+    different moments of start-up."""
+    o = capture_log.target_capture(_log(tmp_path, "ko", KIMI_OURS))
+    u = capture_log.target_capture(_log(tmp_path, "ku", KIMI_UPSTREAM))
+    assert (o["gib"], o["free_after_gib"]) == (-0.557, 29.57)
+    assert (u["gib"], u["free_after_gib"]) == (-0.17, 29.23)
+    assert capture_log.target_capture(_log(tmp_path, "k1", KIMI_OURS_STEPS1))["free_after_gib"] == 29.59
+    assert capture_log.free_after_diff(o, u) == 0.34
+    assert capture_log.free_after_diff(o, {"free_after_gib": None}) is None
+    lines = capture_log.format_capture({"ours": o, "upstream": u})
+    assert "RESULT capture ours: ours 3.93 s, -0.557 GiB, 29.57 GiB free after" in lines
+    assert "RESULT capture ours / upstream: time 1.26x, memory -, free after +0.34 GiB" in lines
+    # the free figure must follow the target's line: a draft line before it does not count
+    early = KIMI_UPSTREAM.splitlines(True)
+    assert capture_log.target_capture(_log(tmp_path, "e", early[2] + early[0] + early[1]))["free_after_gib"] is None
 
 
 def test_bench_table_prints_the_capture_lines(tmp_path):
