@@ -118,7 +118,7 @@ def format_summary(summary: dict, meta: dict) -> str:
         p = summary.get("paired_time") or []
         d = r.get("free_after_diff_gib")
         lines.append(f"RESULT capture ours / upstream (medians): time {x(r['time'])}, memory {x(r['memory'])}, "
-                     f"free after {'-' if d is None else f'{d:+.3f} GiB'}; "
+                     f"free after {'-' if d is None else f'{d:+.2f} GiB'}; "
                      f"per repeat: {', '.join(f'{v}x' for v in p) or '-'}")
     for run in meta["runs"]:
         c = run["capture"]

@@ -10,12 +10,15 @@ warm-up and ``torch.cuda.graph`` capture), memory as the drop in free GPU memory
 * upstream / plain: ``Capture target verify|decode CUDA graph end. elapsed=<s> s, mem usage=<gib> GB``
   (SGLang 0.5.16 ``model_runner_components/cuda_graph_setup.capture_decode_graph``).
 
-The drop can read negative (run 12, Kimi shape: -0.557 GiB for ours, -0.17 GiB for upstream's
-graph, the same in every start): the target's construction frees memory that was held before it,
-so the drop is no graph-memory figure there. What both modes can be compared on is the free GPU
-memory once the target's graphs exist: the ``avail mem=<GiB> GB`` of SGLang's next capture line,
-``Capture draft decode|extend CUDA graph begin`` (the EAGLE-3 draft's graphs, captured right after
-the target's; ``free_after_gib``, None for a plain server or a log without it).
+The drop can read negative (run 12, Kimi shape at num_steps 2: -0.557 GiB for ours, -0.17 GiB
+for upstream's graph in every start; upstream's reads -0.32 to +0.29 GiB at other draft lengths):
+the target's construction frees memory that was held before it, so the drop is no graph-memory
+figure there. What both modes can be compared on is the free GPU memory once the target's graphs
+exist (``free_after_gib``): the ``avail mem=<GiB> GB`` of the next SGLang ``Capture ... CUDA graph
+begin`` line after the target's (the EAGLE-3 draft's first graph, captured right after the
+target's; in run 12 it equals the ``avail mem`` of upstream's own capture end line). None when the
+next capture line is missing (a plain server, the draft's graphs disabled). Like the drop it is
+GPU-wide: meaningless while another process shares the GPU (``PARALLEL=1``).
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ OURS = re.compile(r"VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture
 MODE_KIND = {"ours": "ours", "upstream": "upstream verify", "plain": "plain decode"}  # bench mode -> kind
 SGLANG = re.compile(r"Capture target (verify|decode) CUDA graph end\. elapsed=([0-9.]+) s, "
                     r"mem usage=(-?[0-9.]+) GB")
-DRAFT_BEGIN = re.compile(r"Capture draft (?:decode|extend) CUDA graph begin\..*?avail mem=([0-9.]+) GB")
+NEXT_BEGIN = re.compile(r"Capture [^\n]*? CUDA graph begin\.[^\n]*")
+AVAIL = re.compile(r"avail mem=([0-9.]+) GB")
 
 
 def _free_after(text: str, pos: int) -> float | None:
-    m = DRAFT_BEGIN.search(text, pos)
+    """``avail mem`` (GiB) of the first capture-begin line after ``pos``, or None."""
+    line = NEXT_BEGIN.search(text, pos)
+    m = AVAIL.search(line.group(0)) if line else None
     return float(m.group(1)) if m else None
 
 

@@ -19,8 +19,10 @@ flat ``kv_indices`` array rebuilt for every replay, and does not mask non power-
 
 This kernel is decode-class instead (flash-decoding, as in SGLang's grouped decode kernel and
 FlashMLA's q_len folding): grid ``(bs, kv_heads * row_blocks, num_kv_splits)``; each program
-holds all ``num_draft_tokens x (q_heads / kv_heads)`` query rows of one KV head in one tile, so
-each KV block is read once per split for the whole chain; rows are masked per draft position
+holds up to ``BLOCK_R`` = 32 of the ``num_draft_tokens x (q_heads / kv_heads)`` query rows of one
+KV head in one tile (``ChainVerifyShape.block_r``; a chain of more rows takes several row blocks,
+each reading the KV of its split again: MLA with 8 heads at 5-8 draft tokens), so each KV block
+is read once per split and row block for the whole chain; rows are masked per draft position
 (causal chain); the KV slot of each key is read from ``req_to_token`` itself, so no per-replay
 index building is needed and the only per-replay metadata are ``req_pool_indices`` and
 ``seq_lens`` (already in the graph's static buffers). Stage 2 merges the splits by log-sum-exp.

@@ -84,7 +84,7 @@ def test_negative_drops_compare_on_free_memory_after_the_target_graphs():
     meta = {"model": "kimi-small", "steps": 2, "hardware": "-", "versions": {}, "command": "-",
             "runs": [dict(r, status="rc=0") for r in runs]}
     text = bc.format_summary(s, meta)
-    assert "time 0.799x, memory -, free after +0.340 GiB; per repeat: 0.698x, 0.899x" in text
+    assert "time 0.799x, memory -, free after +0.34 GiB; per repeat: 0.698x, 0.899x" in text
     assert "RESULT run 0 ours: 2.56 s, -0.557 GiB, 29.57 GiB free after (rc=0)" in text
     # one counted start without the figure: no median of it, no difference
     runs[3]["capture"].pop("free_after_gib")

@@ -101,6 +101,16 @@ def test_free_memory_after_the_target_graphs_is_the_draft_capture_begin_line(tmp
     # the free figure must follow the target's line: a draft line before it does not count
     early = KIMI_UPSTREAM.splitlines(True)
     assert capture_log.target_capture(_log(tmp_path, "e", early[2] + early[0] + early[1]))["free_after_gib"] is None
+    # only the next capture line counts: a later one (another graph's) is another moment
+    later = KIMI_OURS.splitlines(True)
+    skipped = later[0] + "[t] Capture draft prefill CUDA graph begin. backend=full, bs=[1], avail mem=30.01 GB\n" + later[1]
+    assert capture_log.target_capture(_log(tmp_path, "n", skipped))["free_after_gib"] == 30.01
+    no_avail = later[0] + "[t] Capture draft decode CUDA graph begin. backend=full\n" + later[2]
+    assert capture_log.target_capture(_log(tmp_path, "na", no_avail))["free_after_gib"] is None
+    # a plain server has no capture after its decode graphs; one side missing: no difference printed
+    assert capture_log.target_capture(_log(tmp_path, "p", PLAIN))["free_after_gib"] is None
+    one = capture_log.format_capture({"ours": o, "upstream": dict(u, free_after_gib=None)})
+    assert "RESULT capture ours / upstream: time 1.26x, memory -" in one
 
 
 def test_bench_table_prints_the_capture_lines(tmp_path):
