@@ -9,6 +9,10 @@ Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory 
   plain     no speculation (target DECODE graph);
   upstream  EAGLE3, topk 1, ``--steps`` S draft steps, S+1 draft tokens (upstream TARGET_VERIFY graph);
   ours      the same with env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` (the plugin's VerifyCudaGraphRunner);
+  plain_end with ``--plain-twice``: a second ``plain`` engine, started last; per point the decode
+            baseline is the lower of the two medians and points whose medians differ by > 5% are
+            listed (``RESULT baseline`` lines; ``baseline.py``: run 12 had one plain engine read
+            8-34% slow);
   ours_profile  ``ours`` with the per-phase profile on (``SGLANG_VERIFY_GRAPH_PROFILE_EVERY``
             = ``--profile-every``, default 20): the decode part of its ``--new-tokens``
             generation over ``ours``'s, minus 1, is the profile's overhead (column ``prof_ovh%``,
@@ -61,6 +65,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)  # verify_probe (also in the spawned scheduler process), capture_log
+import baseline  # noqa: E402
 from capture_log import format_capture, target_capture  # noqa: E402
 PROBE_ENV = "BENCH_VERIFY_PROBE"
 PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
@@ -254,8 +259,10 @@ def _rows_for_steps(a, modes: dict, k: int, div) -> list:
     g = lambda m, *x, **kw: _g(modes, key[m], *x, **kw)  # noqa: E731
     for ctx in a.contexts:
         for bs in a.batch_sizes:
-            r = {"model": a.model, "num_steps": k, "context": ctx, "bs": bs,
-                 "decode_ms": g("plain", ctx, bs, "target_decode")}
+            d1, d2 = g("plain", ctx, bs, "target_decode"), _g(modes, "plain_end", ctx, bs, "target_decode")
+            r = {"model": a.model, "num_steps": k, "context": ctx, "bs": bs, "decode_ms_first": d1,
+                 "decode_ms_second": d2}
+            r["decode_ms"], r["decode_drift"] = baseline.combine(d1, d2)
             for m in ("upstream", "ours"):
                 r[f"{m}_verify_ms"] = g(m, ctx, bs, "target_verify")
                 parts = [g(m, ctx, bs, x) for x in ("draft_decode", "target_verify", "draft_extend")]
@@ -294,6 +301,7 @@ def format_table(rows, meta) -> str:
     lines += ["RESULT " + " ".join(f"{fmt(r[k]):>10}" for k, _ in cols) for r in rows]
     for m, st in meta["mode_status"].items():
         lines.append(f"RESULT mode {m}: {st}")
+    lines += baseline.drift_lines(rows)
     lines += format_capture(meta.get("capture", {}))
     for p in meta.get("profile_lines", [])[:6]:
         lines.append("RESULT profile " + " ".join(f"{k}={p[k]}" for k in (
@@ -365,7 +373,7 @@ def run_parent(a) -> int:
             "command": shlex.join([sys.executable] + sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "flags": f"contexts={a.contexts} batch_sizes={a.batch_sizes} new_tokens={a.new_tokens} steps={a.steps_list} "
                      f"attention_backend={a.attention_backend} draft_attention_backend={a.draft_attention_backend} "
-                     f"mem={a.mem} prefix_cache={a.prefix_cache} modes={a.modes}"}
+                     f"mem={a.mem} prefix_cache={a.prefix_cache} modes={a.modes} plain_twice={a.plain_twice}"}
 
     def finish(code, show=True):
         rows = build_rows(a, modes)
@@ -384,10 +392,11 @@ def run_parent(a) -> int:
         sys.exit(finish(124))
 
     signal.signal(signal.SIGTERM, on_term)
-    runs = [(mode, k) for k in a.steps_list for mode in a.modes
+    runs = [(mode, k, mode_key(a, mode, k)) for k in a.steps_list for mode in a.modes
             if mode != "plain" or k == a.steps_list[0]]
-    for mode, k in runs:
-        key = mode_key(a, mode, k)
+    if a.plain_twice:  # the same baseline again, last (baseline.py)
+        runs.append(("plain", a.steps_list[0], "plain_end"))
+    for mode, k, key in runs:
         jf, log = os.path.join(log_dir, f"bench_{key}.json"), os.path.join(log_dir, f"bench_{key}.log")
         if os.path.exists(jf):
             os.remove(jf)
@@ -457,6 +466,9 @@ def parse_args(argv=None):
     ap.add_argument("--capture-only", action="store_true",
                     help="start each engine and shut it down, no phase (its capture line is the result; "
                          "benchmark/bench_capture.py)")
+    ap.add_argument("--plain-twice", action="store_true",
+                    help="start a second plain engine last (plain_end): decode = the lower median per point, "
+                         "points whose two medians differ by > 5%% listed (benchmark/baseline.py)")
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs")
     ap.add_argument("--mode-timeout", type=float, default=300, help="seconds per mode subprocess")
@@ -472,6 +484,8 @@ def parse_args(argv=None):
     bad = [m for m in a.modes if m not in MODES]
     if bad:
         ap.error(f"unknown mode(s) {bad}")
+    if a.plain_twice and "plain" not in a.modes:
+        ap.error("--plain-twice needs plain in --modes")
     a.contexts, a.batch_sizes = sorted(a.contexts), sorted(a.batch_sizes)
     if not a.steps or min(a.steps) < 1:
         ap.error("--steps needs integers >= 1")
