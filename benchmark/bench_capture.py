@@ -152,6 +152,8 @@ def parse_args(argv=None):
         ap.error("--repeats needs an integer >= 1")
     a.engine_argv = rest
     a.bench = bv.parse_args(rest)  # validates the engine flags (model, steps, ...)
+    if a.bench.plain_twice:
+        ap.error("--plain-twice is a bench_verify.py decode-timing flag; bench_capture times captures only")
     if len(a.bench.steps_list) != 1:
         ap.error("--steps: one value per run (the capture of one draft length)")
     return a

@@ -271,7 +271,8 @@ def _rows_for_steps(a, modes: dict, k: int, div) -> list:
                 r[f"{m}_cycle_per_decode"] = div(r[f"{m}_cycle_ms"], r["decode_ms"])
                 r[f"{m}_e2e_ms_per_step"] = g(m, ctx, bs, "e2e")
                 r[f"{m}_verify_host_ms"] = g(m, ctx, bs, "target_verify", "host_ms")
-            r["plain_e2e_ms_per_step"] = g("plain", ctx, bs, "e2e")
+            r["plain_e2e_ms_per_step"] = baseline.combine(g("plain", ctx, bs, "e2e"),
+                                                          _g(modes, "plain_end", ctx, bs, "e2e"))[0]
             r["ours_profile_e2e_ms_per_step"] = g("ours_profile", ctx, bs, "e2e")
             ovh = div(r["ours_profile_e2e_ms_per_step"], r["ours_e2e_ms_per_step"])
             r["profile_overhead_per_step"] = round(ovh - 1, 4) if ovh is not None else None
@@ -301,7 +302,7 @@ def format_table(rows, meta) -> str:
     lines += ["RESULT " + " ".join(f"{fmt(r[k]):>10}" for k, _ in cols) for r in rows]
     for m, st in meta["mode_status"].items():
         lines.append(f"RESULT mode {m}: {st}")
-    lines += baseline.drift_lines(rows)
+    lines += baseline.drift_lines(rows, expected=meta.get("plain_twice", False))
     lines += format_capture(meta.get("capture", {}))
     for p in meta.get("profile_lines", [])[:6]:
         lines.append("RESULT profile " + " ".join(f"{k}={p[k]}" for k in (
@@ -370,6 +371,7 @@ def run_parent(a) -> int:
     model_paths(a)
     modes, child = {}, {"p": None}
     meta = {"model": a.model, "hardware": _hardware(), "versions": _versions(), "mode_status": {},
+            "plain_twice": a.plain_twice,
             "command": shlex.join([sys.executable] + sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "flags": f"contexts={a.contexts} batch_sizes={a.batch_sizes} new_tokens={a.new_tokens} steps={a.steps_list} "
                      f"attention_backend={a.attention_backend} draft_attention_backend={a.draft_attention_backend} "
@@ -486,6 +488,8 @@ def parse_args(argv=None):
         ap.error(f"unknown mode(s) {bad}")
     if a.plain_twice and "plain" not in a.modes:
         ap.error("--plain-twice needs plain in --modes")
+    if a.plain_twice and a.capture_only:
+        ap.error("--plain-twice times the decode baseline; --capture-only runs no decode: drop one")
     a.contexts, a.batch_sizes = sorted(a.contexts), sorted(a.batch_sizes)
     if not a.steps or min(a.steps) < 1:
         ap.error("--steps needs integers >= 1")
@@ -499,6 +503,8 @@ def main(argv=None) -> int:
     if a.dry_run:
         for m in ([a.child] if a.child else a.modes):
             print(f"DRYRUN {m}: " + json.dumps(engine_kwargs(a, m)))
+        if a.plain_twice and not a.child:
+            print("DRYRUN plain_end: " + json.dumps(engine_kwargs(a, "plain")))
         return 0
     if a.child:
         res = {"mode": a.child, "ok": False, "phases": []}

@@ -46,10 +46,60 @@ def test_rows_use_the_lower_decode_and_the_table_lists_the_drifting_points():
     assert (r16k["decode_ms"], r16k["decode_drift"]) == (1.617, 0.0012)
     meta = {"model": "kimi-small", "mode_status": {}, "hardware": "h", "versions": {}, "flags": "", "command": "c"}
     table = bv.format_table([r1k, r16k], meta)
-    assert "RESULT baseline: plain decode measured by two engines (plain, plain_end); decode = the lower median; " \
-           "1 of 2 points differ by more than 5%" in table
+    assert ("RESULT baseline: plain decode by two engines (plain, plain_end) at 2 points, decode = the lower "
+            "median; 1 of them differ by more than 5% (a listed point wants a rerun); 0 points measured by one "
+            "engine only") in table
     assert "RESULT baseline ctx=1024 bs=1: 1.386 / 1.031 ms (-25.6%)" in table
     assert "ctx=16384" not in table.split("RESULT baseline:")[1]
+
+
+def test_the_verdict_does_not_depend_on_which_engine_ran_first():
+    # 1.0 vs 0.95 is 5.26% of the lower one either way round: listed whichever engine ran first
+    assert baseline.differs(1.0, 0.95) is True and baseline.differs(0.95, 1.0) is True
+    assert baseline.differs(1.0, 0.96) is False and baseline.differs(0.96, 1.0) is False
+    assert baseline.differs(1.0, 1.06) and baseline.differs(1.06, 1.0)
+    assert baseline.combine(0.0, 1.0) == (0.0, None)  # no division by a zero median
+
+
+def test_a_failed_second_engine_or_a_point_it_missed_is_named():
+    """``--plain-twice`` given, but ``plain_end`` died (no figures) or missed a point: the summary
+    says so instead of staying silent, and the one-engine points are named."""
+    a = bv.parse_args(["--contexts", "1024,8192", "--batch-sizes", "1", "--plain-twice"])
+    first = {"phases": [_phase(1024, 1, 1.39), _phase(8192, 1, 1.54)]}
+    rows = bv.build_rows(a, {"plain": first})
+    (line,) = baseline.drift_lines(rows, expected=True)
+    assert "at 0 points" in line and "2 points measured by one engine only" in line and "plain_end failed" in line
+    assert baseline.drift_lines(rows) == []  # not asked for: nothing printed
+    rows = bv.build_rows(a, {"plain": first, "plain_end": {"phases": [_phase(1024, 1, 1.03)]}})
+    lines = baseline.drift_lines(rows, expected=True)
+    assert "at 1 points" in lines[0] and "1 points measured by one engine only" in lines[0]
+    assert lines[-1] == "RESULT baseline measured once: ctx=8192 bs=1"
+    assert rows[1]["decode_ms"] == 1.54 and rows[1]["decode_drift"] is None
+
+
+def test_the_plain_e2e_column_takes_the_lower_engine_too():
+    a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1", "--plain-twice"])
+    p1, p2 = _phase(1024, 1, 1.39), _phase(1024, 1, 1.03)
+    p1["e2e_ms_per_step"], p2["e2e_ms_per_step"] = 1.44, 1.08
+    (row,) = bv.build_rows(a, {"plain": {"phases": [p1]}, "plain_end": {"phases": [p2]}})
+    assert row["plain_e2e_ms_per_step"] == 1.08
+
+
+def test_plain_twice_is_refused_where_it_times_nothing(capsys):
+    import bench_capture as bc
+
+    with pytest.raises(SystemExit) as e:
+        bv.parse_args(["--plain-twice", "--capture-only"])
+    assert e.value.code == 2 and "--capture-only runs no decode" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bc.parse_args(["--plain-twice"])
+    assert e.value.code == 2 and "bench_capture times captures only" in capsys.readouterr().err
+
+
+def test_dry_run_lists_the_second_plain_engine(tmp_path, capsys):
+    assert bv.main(["--dry-run", "--plain-twice", "--model", "llama-small", "--models-dir", str(tmp_path)]) == 0
+    out = [ln.split(":")[0] for ln in capsys.readouterr().out.splitlines() if ln.startswith("DRYRUN")]
+    assert out == ["DRYRUN ours", "DRYRUN upstream", "DRYRUN plain", "DRYRUN plain_end"]
 
 
 def test_without_the_second_engine_nothing_changes():
