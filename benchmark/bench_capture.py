@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402
-from capture_log import MODE_KIND, memory_ratio, target_capture  # noqa: E402
+from capture_log import MODE_KIND, free_after_diff, memory_ratio, target_capture  # noqa: E402
 
 
 def run_order(modes: list, repeats: int) -> list:
@@ -88,11 +88,10 @@ def summarise(runs: list) -> dict:
                               "seconds": secs}
     o, u = out["modes"].get("ours", {}), out["modes"].get("upstream", {})
     if o.get("n") and u.get("n"):
-        fo, fu = o["median_free_after_gib"], u["median_free_after_gib"]
         out["ours_per_upstream"] = {
             "time": round(o["median_s"] / u["median_s"], 3) if u["median_s"] > 0 else None,
             "memory": memory_ratio(o["median_gib"], u["median_gib"], 3),
-            "free_after_diff_gib": None if fo is None or fu is None else round(fo - fu, 3)}
+            "free_after_diff_gib": free_after_diff(o["median_free_after_gib"], u["median_free_after_gib"])}
         by_rep = {}
         for r in good:
             by_rep.setdefault(r["repeat"], {})[r["mode"]] = r["capture"]["seconds"]

@@ -61,11 +61,10 @@ def target_capture(log_path: str) -> dict | None:
     return None
 
 
-def free_after_diff(ours: dict, upstream: dict) -> float | None:
+def free_after_diff(ours_gib: float | None, upstream_gib: float | None) -> float | None:
     """GiB more free GPU memory after ours' target graphs than after upstream's (negative: less),
-    or None unless both logs have the figure (``target_capture``'s ``free_after_gib``)."""
-    a, b = ours.get("free_after_gib"), upstream.get("free_after_gib")
-    return None if a is None or b is None else round(a - b, 3)
+    from two ``free_after_gib`` figures (one log's, or a median); None unless both exist."""
+    return None if ours_gib is None or upstream_gib is None else round(ours_gib - upstream_gib, 3)
 
 
 def memory_ratio(ours_gib: float, upstream_gib: float, digits: int = 2) -> float | None:
@@ -88,7 +87,7 @@ def format_capture(captures: dict) -> list[str]:
         up = captures.get(key.replace("ours", "upstream", 1)) if key.startswith("ours") else None
         if not (c and up and c["kind"] == MODE_KIND["ours"] and up["seconds"] > 0):
             continue
-        mem, diff = memory_ratio(c["gib"], up["gib"]), free_after_diff(c, up)
+        mem, diff = memory_ratio(c["gib"], up["gib"]), free_after_diff(c.get("free_after_gib"), up.get("free_after_gib"))
         lines.append(f"RESULT capture {key} / upstream: time {c['seconds'] / up['seconds']:.2f}x, "
                      f"memory {'-' if mem is None else f'{mem:.2f}x'}"
                      + ("" if diff is None else f", free after {diff:+.2f} GiB"))

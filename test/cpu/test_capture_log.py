@@ -93,8 +93,8 @@ def test_free_memory_after_the_target_graphs_is_the_draft_capture_begin_line(tmp
     assert (o["gib"], o["free_after_gib"]) == (-0.557, 29.57)
     assert (u["gib"], u["free_after_gib"]) == (-0.17, 29.23)
     assert capture_log.target_capture(_log(tmp_path, "k1", KIMI_OURS_STEPS1))["free_after_gib"] == 29.59
-    assert capture_log.free_after_diff(o, u) == 0.34
-    assert capture_log.free_after_diff(o, {"free_after_gib": None}) is None
+    assert capture_log.free_after_diff(o["free_after_gib"], u["free_after_gib"]) == 0.34
+    assert capture_log.free_after_diff(o["free_after_gib"], None) is None
     lines = capture_log.format_capture({"ours": o, "upstream": u})
     assert "RESULT capture ours: ours 3.93 s, -0.557 GiB, 29.57 GiB free after" in lines
     assert "RESULT capture ours / upstream: time 1.26x, memory -, free after +0.34 GiB" in lines
