@@ -15,6 +15,7 @@ Shapes: Llama-3.1-8B at TP 1 (32 q heads, 8 KV heads, 128) and one Kimi-K2.5 TP-
 absorbed MLA (8 q heads, 1 latent head, Dk 576 = 512 + rope 64, Dv 512).
 
   python3 benchmark/bench_chain_kernel.py [--contexts 1024 8192] [--bs 1 8] [--ndt 3] [--out f.json]
+      [--block-rows 16 32]   # also time ours with BLOCK_R forced (the row-block A/B; same inputs)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import triton
 
 from sgl_verify_kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
+from sgl_verify_kernel.chain_verify_attention import BLOCK_R_CHOICES
 
 SHAPES = {
     "llama8b_tp1": dict(h=32, kvh=8, dk=128, dv=128, rope=0),
@@ -37,7 +39,7 @@ def bench(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
 
-def run_point(name, s, ctx, bs, ndt, device="cuda"):
+def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
@@ -66,6 +68,19 @@ def run_point(name, s, ctx, bs, ndt, device="cuda"):
     f_ours()
     res["ours_ms"] = bench(f_ours)
     res["ours_splits"] = ns
+    res["ours_block_r"] = shape.block_r
+    # the same kernel with a forced row-block size (--block-rows), in the same process and inputs
+    for b in block_rows:
+        sb = ChainVerifyShape(h, kvh, dk, dv, ndt, rope, b)
+        nsb = choose_num_kv_splits(sb, bs, torch.cuda.get_device_properties(0).multi_processor_count)
+        nb_out, nb_lse = workspace_numel(sb, bs, nsb)
+        aob = torch.empty(nb_out, device=device); alb = torch.empty(nb_lse, device=device)
+        ob = torch.empty_like(o_ours)
+        fb = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, ob, r2t, rpi, seq, sb, nsb, scale, aob, alb)
+        fb()
+        res[f"ours_r{b}_ms"] = bench(fb)
+        res[f"ours_r{b}_splits"] = nsb
+        res[f"ours_r{b}_vs_ours_max_abs"] = (ob.float() - o_ours.float()).abs().max().item()
 
     # upstream verify: prefix through kv_indices, draft K/V as extend tensors, FULL custom mask
     draft_locs = r2t[:, ctx:ctx + ndt].reshape(-1).long()
@@ -122,14 +137,28 @@ def main():
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--ndt", type=int, nargs="+", default=[3])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--block-rows", type=int, nargs="*", default=[],
+                    help="also time ours with ChainVerifyShape.block_rows forced to each of these (16, 32)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="print the points and exit (no GPU)")
     a = ap.parse_args()
+    bad = [b for b in a.block_rows if b not in BLOCK_R_CHOICES]
+    if bad:
+        ap.error(f"--block-rows {bad}: the kernel takes {BLOCK_R_CHOICES}")
+    if a.dry_run:
+        for name in a.shapes:
+            for ndt in a.ndt:
+                s = SHAPES[name]
+                pol = ChainVerifyShape(s["h"], s["kvh"], s["dk"], s["dv"], ndt, s["rope"]).block_r
+                print(f"KERNEL dry-run {name} ndt={ndt} policy block_r={pol} contexts={a.contexts} "
+                      f"bs={a.bs} forced={a.block_rows}")
+        return
     rows = []
     for name in a.shapes:
         for ctx in a.contexts:
             for bs in a.bs:
                 for ndt in a.ndt:
-                    rows.append(run_point(name, SHAPES[name], ctx, bs, ndt))
+                    rows.append(run_point(name, SHAPES[name], ctx, bs, ndt, a.block_rows))
                     r = rows[-1]
                     print("KERNEL " + json.dumps(r), flush=True)
     dev = torch.cuda.get_device_name(0)
@@ -141,6 +170,13 @@ def main():
         print(f"{r['shape']:14s} {r['ctx']:6d} {r['bs']:3d} {r['ndt']:3d} {r['decode_ms']:8.4f} {r['upstream_ms']:9.4f} "
               f"{(f'{sk:8.4f}' if sk else '       -')} {r['ours_ms']:8.4f} {r['ours_ms'] / r['upstream_ms']:8.3f} "
               f"{r['ours_ms'] / r['decode_ms']:8.3f} {r['ours_vs_upstream_rel_err']:8.1e}")
+    if a.block_rows:  # the row-block A/B: ms per layer with BLOCK_R forced, and over the policy's
+        print(f"\nrow blocks (BLOCK_R) forced; policy = ours' own choice; ratio = forced / policy")
+        print(f"{'shape':14s} {'ctx':>6s} {'bs':>3s} {'ndt':>3s} {'policy':>6s} {'ours':>8s} "
+              + " ".join(f"{'r' + str(b):>8s} {'r' + str(b) + '/ours':>8s}" for b in a.block_rows))
+        for r in rows:
+            print(f"{r['shape']:14s} {r['ctx']:6d} {r['bs']:3d} {r['ndt']:3d} {r['ours_block_r']:6d} {r['ours_ms']:8.4f} "
+                  + " ".join(f"{r[f'ours_r{b}_ms']:8.4f} {r[f'ours_r{b}_ms'] / r['ours_ms']:8.3f}" for b in a.block_rows))
     if a.out:
         json.dump({"device": dev, "rows": rows}, open(a.out, "w"), indent=1)
 

@@ -23,6 +23,8 @@
 #          ACCEPT_STEPS="1 2 3 5" adds num_steps 1/2/5 on ours; 3-6 server starts)
 #   reliab test/e2e/test_reliability_e2e.py (padding/NaN guard, KV accounting, feature mix, sampling)
 #   bench  python3 benchmark/bench_verify.py ... $BENCH_ARGS (llama-8b; ours, upstream, plain engines)
+#   kbench python3 benchmark/bench_chain_kernel.py $KBENCH_ARGS (one verify layer's attention op:
+#          decode / upstream / ours, CUDA-graph replays; KBENCH_TMO, default 240 s)
 #   capture  python3 benchmark/bench_capture.py ... $CAPTURE_ARGS (capture time / memory over repeated
 #          engine starts, alternating order; CAPTURE_TMO, default 300 s; BENCH_MODE_TMO per engine)
 #   e2e_mla  the e2e tier per E2E_MLA_CASES model:backend[:draft_backend] (Kimi targets x MLA backends)
@@ -54,7 +56,7 @@
 #   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
 #                collect tests (pytest --collect-only) and print the bench's Engine kwargs (--dry-run)
 # Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs; logs/e2e/<stage>/ holds each stage's
-# server logs and results), bench_results.json, capture_results.json, e2e_results.json (stage e2e), stage_results.tar.gz
+# server logs and results), bench_results.json, capture_results.json, kernel_results.json, e2e_results.json (stage e2e), stage_results.tar.gz
 # (every stage's *_results.json), jitcache.tar.xz (copy into .device-bundle/ for next time).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd); cd "$ROOT"
@@ -265,11 +267,15 @@ for st in $STAGES; do
       wait_parallel
       run_stage bench "${BENCH_TMO:-270}" python3 benchmark/bench_verify.py --out "$W/bench_results.json" \
         --log-dir "$LOGS/bench" --models-dir "$MODELS" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY ${BENCH_ARGS:-} ;;
+    kbench)  # alone (timing): the attention op of one verify layer, CUDA-graph replays (KBENCH_ARGS)
+      wait_parallel
+      run_stage kbench "${KBENCH_TMO:-240}" python3 benchmark/bench_chain_kernel.py --out "$W/kernel_results.json" \
+        $BENCH_DRY ${KBENCH_ARGS:-} ;;
     capture)  # alone (timing): repeated engine starts, ours vs upstream capture time / memory
       wait_parallel
       run_stage capture "${CAPTURE_TMO:-300}" python3 benchmark/bench_capture.py --out "$W/capture_results.json" \
         --log-dir "$LOGS/capture" --mode-timeout "${BENCH_MODE_TMO:-150}" $BENCH_DRY --models-dir "$MODELS" ${CAPTURE_ARGS:-} ;;
-    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, accept_shape, reliab, reliab_kv1, reliab_kv64, reliab_mix, reliab_sampling, bench, capture, wait; groups issue3, issue6, issue6a, all)" ;;
+    *) RC[$st]=unknown; ORDER="$ORDER $st"; say "unknown stage '$st' (gpu, nan, mla, native, sanitizer, e2e, e2e_mla, profile, accept, accept_shape, reliab, reliab_kv1, reliab_kv64, reliab_mix, reliab_sampling, bench, kbench, capture, wait; groups issue3, issue6, issue6a, all)" ;;
   esac
 done
 wait_parallel
@@ -317,6 +323,10 @@ if [ -f "$LOGS/capture.log" ]; then  # one line per engine as it finished (kept 
   grep -E '^RESULT ' "$LOGS/capture.log" | tail -30 | cut -c1-400 >> "$SUMMARY"
 fi
 [ -f "$W/capture_results.json" ] && cp "$W/capture_results.json" "$OUT/"
+if [ -f "$LOGS/kbench.log" ]; then  # the kernel tables (everything after the per-point KERNEL lines)
+  grep -vE '^KERNEL \{' "$LOGS/kbench.log" | tail -60 | cut -c1-300 >> "$SUMMARY"
+fi
+[ -f "$W/kernel_results.json" ] && cp "$W/kernel_results.json" "$OUT/"
 
 # ---------------------------------------------------------------- pack (caches for the next call, logs)
 PRESENT=$(cd "$BASE" && for c in $CACHES; do [ -d "$c" ] && echo "$c"; done)

@@ -21,8 +21,10 @@ from sgl_verify_kernel import (
 def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens: list[int],
              rope: int = 0, dtype=torch.float32, device="cpu", cap: float = 0.0,
              splits: int | None = None, pool_slots: int = 4096, ctx: int = 1024,
-             seed: int = 0) -> float:
-    """Run one case; returns the relative error (raises AssertionError on NaN / unwritten rows)."""
+             seed: int = 0, block_rows: int = 0) -> float:
+    """Run one case; returns the relative error (raises AssertionError on NaN / unwritten rows).
+
+    ``block_rows``: ``ChainVerifyShape.block_rows`` (0: the kernel's own policy)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     bs = len(seq_lens)
     n_pool_rows = max(8, bs)
@@ -37,7 +39,7 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
     k_buf, v_buf, r2t, rpi, sl, q = (x.to(device) for x in (k_buf, v_buf, r2t, rpi, sl, q))
     if rope:
         v_buf = k_buf[..., :dv]
-    shape = ChainVerifyShape(heads, kv_heads, dk, dv, ndt, rope)
+    shape = ChainVerifyShape(heads, kv_heads, dk, dv, ndt, rope, block_rows)
     ns = splits or choose_num_kv_splits(shape, bs, 132)
     n_out, n_lse = workspace_numel(shape, bs, ns)
     att_out = torch.full((n_out,), float("nan"), device=device)

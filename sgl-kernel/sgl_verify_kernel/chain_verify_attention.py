@@ -19,9 +19,10 @@ flat ``kv_indices`` array rebuilt for every replay, and does not mask non power-
 
 This kernel is decode-class instead (flash-decoding, as in SGLang's grouped decode kernel and
 FlashMLA's q_len folding): grid ``(bs, kv_heads * row_blocks, num_kv_splits)``; each program
-holds up to ``BLOCK_R`` = 32 of the ``num_draft_tokens x (q_heads / kv_heads)`` query rows of one
-KV head in one tile (``ChainVerifyShape.block_r``; a chain of more rows takes several row blocks,
-each reading the KV of its split again: MLA with 8 heads at 5-8 draft tokens), so each KV block
+holds ``BLOCK_R`` (16 or 32) of the ``num_draft_tokens x (q_heads / kv_heads)`` query rows of one
+KV head in one tile (``ChainVerifyShape.block_r``, the size that pads least; a chain of more rows
+takes several row blocks, each reading the KV of its split again: MLA with 8 heads at 5-8 draft
+tokens runs three 16-row blocks at 5-6 tokens and two 32-row blocks at 7-8), so each KV block
 is read once per split and row block for the whole chain; rows are masked per draft position
 (causal chain); the KV slot of each key is read from ``req_to_token`` itself, so no per-replay
 index building is needed and the only per-replay metadata are ``req_pool_indices`` and
@@ -54,6 +55,9 @@ MIN_KEYS_PER_SPLIT = 64
 MAX_KV_SPLITS = 64
 # Aim for this many programs per SM in stage 1 (2 waves on an H200's 132 SMs).
 PROGRAMS_PER_SM = 2
+# Query rows per program (``BLOCK_R``) the kernel is built for: tl.dot needs >= 16, and 32 is the
+# register cap with MLA's 512-wide fp32 accumulator.
+BLOCK_R_CHOICES = (16, 32)
 
 
 @triton.jit
@@ -183,7 +187,8 @@ class ChainVerifyShape:
 
     num_q_heads / num_kv_heads: heads of this TP rank; head_dim_qk (Dk) and head_dim_v (Dv) in
     elements; rope_dim: trailing part of Dk loaded as a separate tile (MLA: 64, else 0);
-    num_draft_tokens: tokens per request (num_steps + 1).
+    num_draft_tokens: tokens per request (num_steps + 1); block_rows: query rows per program, 16
+    or 32, or 0 (default) for the policy of ``block_r``. Raises ValueError on any other value.
     """
 
     num_q_heads: int
@@ -192,6 +197,12 @@ class ChainVerifyShape:
     head_dim_v: int
     num_draft_tokens: int
     rope_dim: int = 0
+    block_rows: int = 0
+
+    def __post_init__(self):
+        if self.block_rows not in (0,) + BLOCK_R_CHOICES:
+            raise ValueError(f"ChainVerifyShape.block_rows={self.block_rows}: use 0 (policy) or one "
+                             f"of {BLOCK_R_CHOICES}")
 
     @property
     def group(self) -> int:
@@ -204,7 +215,17 @@ class ChainVerifyShape:
 
     @property
     def block_r(self) -> int:
-        return max(16, min(32, triton.next_power_of_2(self.rows)))
+        """Query rows per program (``BLOCK_R``): ``block_rows`` if set, else whichever of 16 and 32
+        pads ``rows`` to the fewest rows, 32 on a tie (fewer row blocks, so fewer KV re-reads).
+
+        32 is the cap for registers (MLA's 512-wide fp32 accumulator). The padded rows are what the
+        kernel's time follows at large batch x context (docs/benchmarks.md 10.2: 0.085-0.100 ms per
+        padded row at bs 32, Kimi TP-8 shard), so 48 rows (6 draft tokens x 8 MLA heads) take three
+        16-row blocks (48 rows) instead of two 32-row blocks (64).
+        """
+        if self.block_rows:
+            return self.block_rows
+        return min(sorted(BLOCK_R_CHOICES, reverse=True), key=lambda b: triton.cdiv(self.rows, b) * b)
 
     @property
     def row_blocks(self) -> int:

@@ -17,7 +17,7 @@ KIMI_TP8 = dict(heads=8, kv_heads=1, dk=576, dv=512, rope=64)       # one TP-8 s
 
 
 @pytest.mark.parametrize("model", [LLAMA_8B, KIMI_TP8], ids=["llama8b", "kimi_tp8"])
-@pytest.mark.parametrize("ndt", [2, 3, 4, 6])
+@pytest.mark.parametrize("ndt", [2, 3, 4, 5, 6])
 @pytest.mark.parametrize("seq_lens", [[1], [1023], [63, 64, 65, 127, 128, 129], [3000, 17, 900, 2048, 5, 1, 700, 64]])
 def test_chain_kernel_bf16_matches_reference(model, ndt, seq_lens):
     err = run_case(**model, ndt=ndt, seq_lens=seq_lens, dtype=torch.bfloat16, device="cuda",
@@ -30,3 +30,12 @@ def test_chain_kernel_any_split_count(splits):
     err = run_case(**LLAMA_8B, ndt=3, seq_lens=[2000, 33], dtype=torch.bfloat16, device="cuda",
                    ctx=4096, pool_slots=40000, splits=splits)
     assert err < 2e-2, f"relative error {err:.3e} with {splits} splits"
+
+
+@pytest.mark.parametrize("block_rows", [16, 32])
+def test_chain_kernel_either_row_block_size(block_rows):
+    """48 query rows per KV head (Kimi TP-8 MLA, 6 draft tokens) as three 16-row or two 32-row
+    blocks: both tilings give the reference's output (the A/B of benchmark/bench_chain_kernel.py)."""
+    err = run_case(**KIMI_TP8, ndt=6, seq_lens=[3000, 17, 900, 1], dtype=torch.bfloat16, device="cuda",
+                   ctx=4096, pool_slots=40000, block_rows=block_rows)
+    assert err < 2e-2, f"relative error {err:.3e} with block_rows={block_rows}"
