@@ -29,7 +29,7 @@ default ``llama-small``), ``E2E_LOG_DIR`` (server logs + e2e_results.json, defau
 ``E2E_BACKEND`` (``--attention-backend``, default triton; flashmla and flashinfer on the MLA targets),
 ``E2E_DRAFT_BACKEND`` (``--speculative-draft-attention-backend``, unset by default; the Llama-style draft
 on flashmla needs ``triton``), ``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
-``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the reference
+``E2E_STEPS`` (``--speculative-num-steps``, default 2), ``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the reference
 servers' top-2 logprob gap (min of the two) is below it).
 """
 
@@ -69,6 +69,9 @@ pytestmark = [pytest.mark.server, pytest.mark.skipif(not _has_cuda(), reason="ne
 
 BACKEND = os.environ.get("E2E_BACKEND", "triton")
 DRAFT_BACKEND = os.environ.get("E2E_DRAFT_BACKEND", "")
+# --speculative-num-steps of the ours/upstream servers (num_draft_tokens = STEPS + 1); 5 runs the
+# kernel's 16-row tiling on an MLA target (48 rows per latent head at 6 draft tokens)
+STEPS = int(os.environ.get("E2E_STEPS", "2"))
 COMMON = ["--load-format", "dummy", "--attention-backend", BACKEND, "--sampling-backend", "pytorch",
           "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache", "--skip-tokenizer-init",
           "--grammar-backend", "none", "--mem-fraction-static", "0.5", "--cuda-graph-max-bs-decode", "8",
@@ -78,8 +81,8 @@ COMMON = ["--load-format", "dummy", "--attention-backend", BACKEND, "--sampling-
 def spec_args(draft):
     draft_backend = ["--speculative-draft-attention-backend", DRAFT_BACKEND] if DRAFT_BACKEND else []
     return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-            "--speculative-eagle-topk", "1", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "3",
-            *draft_backend]
+            "--speculative-eagle-topk", "1", "--speculative-num-steps", str(STEPS),
+            "--speculative-num-draft-tokens", str(STEPS + 1), *draft_backend]
 
 
 def _free_port() -> int:
@@ -250,7 +253,7 @@ def test_ours_reports_verify_runner(servers):
     RESULTS["ours_at_start"] = st
     assert st is not None, "internal_states[0] has no 'verify_cuda_graph': plugin not loaded or flag not applied"
     assert st["runner"] == "VerifyCudaGraphRunner", st
-    assert st["num_draft_tokens"] == 3, st
+    assert st["num_draft_tokens"] == STEPS + 1, st
     assert 1 in st["capture_bs"] and max(st["capture_bs"]) >= 8, st
     assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"], st
 
