@@ -41,7 +41,8 @@
 # a stage never runs past TOTAL_S - RESERVE_S (the bench then keeps the modes it finished); for a
 # full bench run STAGES=bench alone (~4 min), e.g. after STAGES="gpu e2e".
 # Env (all optional):
-#   STAGES       default "gpu e2e bench"; "all" = every stage (about 1.5 hours: raise TOTAL_S)
+#   STAGES       default "gpu e2e bench"; "all" = every test tier, kbench and bench, not capture (repeated
+#                engine starts: run it alone) (about 1.5 hours: raise TOTAL_S)
 #   GPU_TMO / E2E_TMO / ACCEPT_TMO / RELIAB_TMO / BENCH_TMO   per-stage limits in s
 #                (default 180 / 240 / 300 / 300 / 270)
 #   TOTAL_S      whole-job budget in s (default 550); RESERVE_S kept for packing (default 40)
@@ -68,7 +69,7 @@ W=$BASE/gpujob; rm -rf "$W"; LOGS=$W/logs; mkdir -p "$LOGS"
 SITE=$BASE/site; MODELS=$BASE/models
 SUMMARY=$W/summary.txt; : > "$SUMMARY"
 STAGES=${STAGES:-gpu e2e bench}
-[ "$STAGES" = all ] && STAGES="gpu nan mla native sanitizer e2e e2e_mla profile accept accept_shape reliab bench"  # ~1.5 h
+[ "$STAGES" = all ] && STAGES="gpu nan mla native sanitizer e2e e2e_mla profile accept accept_shape reliab kbench bench"  # ~1.5 h
 # issue #6 (reliability), every GPU part: the server stages at once (PARALLEL=1), then, after a
 # barrier (pseudo-stage "wait": wait for them, run the rest one at a time), compute-sanitizer alone
 # (memcheck beside 9 other stages timed out, 2026-12-01). Over 10 minutes in all: on the lent H200
@@ -290,7 +291,7 @@ done
 
 # ---------------------------------------------------------------- results
 for st in $ORDER; do
-  [ -f "$LOGS/$st.log" ] && [ "$st" != bench ] && [ "$st" != capture ] || continue
+  [ -f "$LOGS/$st.log" ] && [ "$st" != bench ] && [ "$st" != capture ] && [ "$st" != kbench ] || continue
   say "-- $st: $(grep -E '(passed|failed|error|skipped|no tests ran|collected|deselected)' "$LOGS/$st.log" | grep -E ' in [0-9.]+s' | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$LOGS/$st.log" | head -8 | cut -c1-300 | while read -r l; do say "   $l"; done
   grep -E '^E  ' "$LOGS/$st.log" | head -6 | cut -c1-400 | while read -r l; do say "   $l"; done

@@ -200,7 +200,7 @@ class ChainVerifyShape:
     block_rows: int = 0
 
     def __post_init__(self):
-        if self.block_rows not in (0,) + BLOCK_R_CHOICES:
+        if type(self.block_rows) is not int or self.block_rows not in (0,) + BLOCK_R_CHOICES:
             raise ValueError(f"ChainVerifyShape.block_rows={self.block_rows}: use 0 (policy) or one "
                              f"of {BLOCK_R_CHOICES}")
 
@@ -218,10 +218,12 @@ class ChainVerifyShape:
         """Query rows per program (``BLOCK_R``): ``block_rows`` if set, else whichever of 16 and 32
         pads ``rows`` to the fewest rows, 32 on a tie (fewer row blocks, so fewer KV re-reads).
 
-        32 is the cap for registers (MLA's 512-wide fp32 accumulator). The padded rows are what the
-        kernel's time follows at large batch x context (docs/benchmarks.md 10.2: 0.085-0.100 ms per
-        padded row at bs 32, Kimi TP-8 shard), so 48 rows (6 draft tokens x 8 MLA heads) take three
-        16-row blocks (48 rows) instead of two 32-row blocks (64).
+        32 is the cap for registers (MLA's 512-wide fp32 accumulator). So 40 and 48 rows (5 and 6
+        draft tokens x 8 MLA heads) take three 16-row blocks (48 rows) instead of two 32-row blocks
+        (64). Measured (docs/benchmarks.md 11.4, one H200, Kimi TP-8 shard, with the split count
+        ``choose_num_kv_splits`` gives each tiling): faster at 12 of 18 op points (up to 22% less
+        time), slower at 5 (up to 12% more: bs 1 at 4k/16k, 16k bs 32 with 5 tokens); the engine's
+        6-token verify 4-8% faster at bs 8-32.
         """
         if self.block_rows:
             return self.block_rows

@@ -108,3 +108,19 @@ def test_issue6_groups_default_the_parallel_stage_limits(tmp_path):
     assert "== stage gpu (limit 100s)" in p.stdout
     for st in ("nan", "accept", "accept_shape", "reliab_kv1", "reliab_kv64", "reliab_mix", "reliab_sampling"):
         assert f"== stage {st} (limit 520s)" in p.stdout, st
+
+
+def test_kbench_stage_dry_run(tmp_path):
+    """Stage ``kbench`` under ``DRY_RUN=1``: bench_chain_kernel.py --dry-run (no GPU) with
+    KBENCH_ARGS, its lines in summary.txt, no empty pytest-result line for it."""
+    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), STAGES="kbench",
+               KBENCH_ARGS="--shapes kimi_tp8_mla --ndt 6 --block-rows 16 32",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("PARALLEL", None)
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    summary = (tmp_path / "gpujob" / "summary.txt").read_text()
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "stages: kbench=0" in summary
+    assert "KERNEL dry-run kimi_tp8_mla ndt=6 policy block_r=16" in summary and "forced=[16, 32]" in summary
+    assert "-- kbench:" not in summary
