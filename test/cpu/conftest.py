@@ -122,3 +122,28 @@ def real_args(tiny_model_dirs, restore_environ):
         return resolved(server_args)
 
     return make
+
+
+@pytest.fixture
+def gpu_job_dry(tmp_path):
+    """Factory fixture: ``gpu_job_dry(unset=(...), timeout=600, **env)`` runs ``scripts/gpu_job.sh``
+    with ``DRY_RUN=1`` under ``BASE=tmp_path`` (no bundle, no GPU: stages collect tests or dry-run
+    the benches) and returns ``(CompletedProcess, summary.txt text or "")``. ``unset``: variables
+    removed from the inherited environment (default: ``PARALLEL``)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def run(unset=("PARALLEL",), timeout=600, **extra):
+        env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path),
+                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        for k in unset:
+            env.pop(k, None)
+        env.update(extra)
+        p = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_job.sh")], env=env, cwd=root,
+                           capture_output=True, text=True, timeout=timeout)
+        summary = tmp_path / "gpujob" / "summary.txt"
+        return p, summary.read_text() if summary.exists() else ""
+
+    return run

@@ -135,18 +135,13 @@ def test_main_runs_each_engine_and_fails_on_a_missing_capture(tmp_path, monkeypa
     assert out.exists()
 
 
-def test_gpu_job_dry_run_has_the_capture_stage(tmp_path):
-    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), STAGES="capture",
-               CAPTURE_ARGS="--repeats 2 --steps 2 --batch-sizes 1,8",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("PARALLEL", None)
-    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+def test_gpu_job_dry_run_has_the_capture_stage(tmp_path, gpu_job_dry):
+    p, summary = gpu_job_dry(timeout=300, STAGES="capture", CAPTURE_ARGS="--repeats 2 --steps 2 --batch-sizes 1,8")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     log = (tmp_path / "gpujob" / "logs" / "capture.log").read_text()
     order = [ln.split(":")[0] for ln in log.splitlines() if ln.startswith("DRYRUN ")]
     assert order == ["DRYRUN 0 ours", "DRYRUN 0 upstream", "DRYRUN 1 upstream", "DRYRUN 1 ours"]
-    assert "stages: capture=0" in (tmp_path / "gpujob" / "summary.txt").read_text()
+    assert "stages: capture=0" in summary
 
 
 DRIVER = """

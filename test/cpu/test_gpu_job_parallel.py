@@ -8,7 +8,6 @@ the stage groups and the ``wait`` barrier must run what they name.
 """
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -57,14 +56,10 @@ def test_launch_server_puts_the_shared_flags_last(monkeypatch):
     assert cmd.index("0.4") < cmd.index("0.95")
 
 
-def test_parallel_dry_run_runs_each_stage_and_the_barrier(tmp_path):
+def test_parallel_dry_run_runs_each_stage_and_the_barrier(gpu_job_dry):
     """``DRY_RUN=1`` (collect-only) of two stages at once, a barrier, then one more stage."""
-    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), PARALLEL="1", PARALLEL_STAGGER_S="0",
-               STAGES="reliab_mix accept_shape wait reliab_kv64",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    summary = (tmp_path / "gpujob" / "summary.txt").read_text()
+    p, summary = gpu_job_dry(unset=(), PARALLEL="1", PARALLEL_STAGGER_S="0",
+                             STAGES="reliab_mix accept_shape wait reliab_kv64")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "== PARALLEL=1: 2 stages running at once (KV pools capped at 65536 tokens per server)" in summary
     assert "stages: reliab_mix=0 accept_shape=0 reliab_kv64=0" in summary
@@ -76,50 +71,33 @@ def test_parallel_dry_run_runs_each_stage_and_the_barrier(tmp_path):
     assert p.stdout.index("== stage accept_shape: rc=0") < start
 
 
-def test_group_names_expand_in_place_and_default_to_parallel(tmp_path):
+def test_group_names_expand_in_place_and_default_to_parallel(gpu_job_dry):
     """``issue3`` inside a longer STAGES list expands to its stages (here one case each) and turns
     on PARALLEL; an e2e_mla case with a draft backend gets its own stage name (own logs)."""
-    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), PARALLEL_STAGGER_S="0",
-               STAGES="issue3 reliab_mix", MLA_MODELS="kimi-small-mla",
-               NATIVE_CASES="kimi-small-mla:flashmla", E2E_MLA_CASES="kimi-small:flashmla:triton",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("PARALLEL", None)
-    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    summary = (tmp_path / "gpujob" / "summary.txt").read_text()
+    p, summary = gpu_job_dry(PARALLEL_STAGGER_S="0", STAGES="issue3 reliab_mix", MLA_MODELS="kimi-small-mla",
+                             NATIVE_CASES="kimi-small-mla:flashmla", E2E_MLA_CASES="kimi-small:flashmla:triton")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "== PARALLEL=1: 4 stages running at once" in summary
     assert ("stages: mla_kimi-small-mla=0 native_kimi-small-mla_flashmla=0 "
             "e2e_kimi-small_flashmla_draft_triton=0 reliab_mix=0") in summary
 
 
-def test_issue6_groups_default_the_parallel_stage_limits(tmp_path):
+def test_issue6_groups_default_the_parallel_stage_limits(gpu_job_dry):
     """``issue6a`` runs eight stages at once, each slowed by the others (run 10: up to 415 s), so
     the group defaults their limits to 520 s; a limit given in the environment still wins. Guards
     the one-command run of issue #6 timing out on the 180-300 s single-stage defaults."""
-    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), PARALLEL_STAGGER_S="0",
-               STAGES="issue6a", GPU_TMO="100", TOTAL_S="900",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    for k in ("PARALLEL", "NAN_TMO", "ACCEPT_TMO", "RELIAB_TMO"):
-        env.pop(k, None)
-    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    p, _ = gpu_job_dry(unset=("PARALLEL", "NAN_TMO", "ACCEPT_TMO", "RELIAB_TMO"), PARALLEL_STAGGER_S="0",
+                       STAGES="issue6a", GPU_TMO="100", TOTAL_S="900")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "== stage gpu (limit 100s)" in p.stdout
     for st in ("nan", "accept", "accept_shape", "reliab_kv1", "reliab_kv64", "reliab_mix", "reliab_sampling"):
         assert f"== stage {st} (limit 520s)" in p.stdout, st
 
 
-def test_kbench_stage_dry_run(tmp_path):
+def test_kbench_stage_dry_run(gpu_job_dry):
     """Stage ``kbench`` under ``DRY_RUN=1``: bench_chain_kernel.py --dry-run (no GPU) with
     KBENCH_ARGS, its lines in summary.txt, no empty pytest-result line for it."""
-    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), STAGES="kbench",
-               KBENCH_ARGS="--shapes kimi_tp8_mla --ndt 6 --block-rows 16 32",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("PARALLEL", None)
-    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    summary = (tmp_path / "gpujob" / "summary.txt").read_text()
+    p, summary = gpu_job_dry(STAGES="kbench", KBENCH_ARGS="--shapes kimi_tp8_mla --ndt 6 --block-rows 16 32")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "stages: kbench=0" in summary
     assert "KERNEL dry-run kimi_tp8_mla ndt=6 policy block_r=16" in summary and "forced=[16, 32]" in summary
