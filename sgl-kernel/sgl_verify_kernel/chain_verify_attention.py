@@ -223,7 +223,7 @@ class ChainVerifyShape:
         (64). Measured (docs/benchmarks.md 11.4, one H200, Kimi TP-8 shard, with the split count
         ``choose_num_kv_splits`` gives each tiling): faster at 12 of 18 op points (up to 22% less
         time), slower at 5 (up to 12% more: bs 1 at 4k/16k, 16k bs 32 with 5 tokens); the engine's
-        6-token verify 4-8% faster at bs 8-32.
+        6-token verify 4-8% faster at bs 16-32 and at 4k/16k bs 8, unchanged at bs 1.
         """
         if self.block_rows:
             return self.block_rows
