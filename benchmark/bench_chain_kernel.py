@@ -58,28 +58,24 @@ def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
     scale = dk ** -0.5
     res = {}
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def time_ours(shape):  # (ms per call, splits, output) of our kernel with this shape's tiling
+        ns = choose_num_kv_splits(shape, bs, sms)
+        n_out, n_lse = workspace_numel(shape, bs, ns)
+        ao, al = torch.empty(n_out, device=device), torch.empty(n_lse, device=device)
+        o = torch.empty(t, h, dv, device=device, dtype=dt)
+        f = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, seq, shape, ns, scale, ao, al)
+        f()
+        return bench(f), ns, o
+
     # ours
     shape = ChainVerifyShape(h, kvh, dk, dv, ndt, rope)
-    ns = choose_num_kv_splits(shape, bs, torch.cuda.get_device_properties(0).multi_processor_count)
-    n_out, n_lse = workspace_numel(shape, bs, ns)
-    ao = torch.empty(n_out, device=device); al = torch.empty(n_lse, device=device)
-    o_ours = torch.empty(t, h, dv, device=device, dtype=dt)
-    f_ours = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, o_ours, r2t, rpi, seq, shape, ns, scale, ao, al)
-    f_ours()
-    res["ours_ms"] = bench(f_ours)
-    res["ours_splits"] = ns
+    res["ours_ms"], res["ours_splits"], o_ours = time_ours(shape)
     res["ours_block_r"] = shape.block_r
     # the same kernel with a forced row-block size (--block-rows), in the same process and inputs
     for b in block_rows:
-        sb = ChainVerifyShape(h, kvh, dk, dv, ndt, rope, b)
-        nsb = choose_num_kv_splits(sb, bs, torch.cuda.get_device_properties(0).multi_processor_count)
-        nb_out, nb_lse = workspace_numel(sb, bs, nsb)
-        aob = torch.empty(nb_out, device=device); alb = torch.empty(nb_lse, device=device)
-        ob = torch.empty_like(o_ours)
-        fb = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, ob, r2t, rpi, seq, sb, nsb, scale, aob, alb)
-        fb()
-        res[f"ours_r{b}_ms"] = bench(fb)
-        res[f"ours_r{b}_splits"] = nsb
+        res[f"ours_r{b}_ms"], res[f"ours_r{b}_splits"], ob = time_ours(ChainVerifyShape(h, kvh, dk, dv, ndt, rope, b))
         res[f"ours_r{b}_vs_ours_max_abs"] = (ob.float() - o_ours.float()).abs().max().item()
 
     # upstream verify: prefix through kv_indices, draft K/V as extend tensors, FULL custom mask
