@@ -86,7 +86,8 @@ if __name__ == "__mp_main__" and os.environ.get(PROBE_ENV) == "1":  # scheduler 
 def model_paths(a):
     d = os.path.abspath(a.models_dir)
     if not os.path.isfile(os.path.join(d, a.model, "config.json")):
-        subprocess.run([sys.executable, os.path.join(REPO, "scripts", "make_models.py"), d, "--only", a.model], check=True)
+        subprocess.run([sys.executable, "-m", "sglang_verify_graph.dummy_models", d, "--only", a.model],
+                       check=True)
     return os.path.join(d, a.model), os.path.join(d, a.model + "-eagle3")
 
 
@@ -448,7 +449,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-8b", choices=["llama-8b", "llama-small", "kimi-small", "kimi-small-mla"])
     ap.add_argument("--models-dir", default=os.environ.get("MODELS_DIR", "/tmp/models"),
-                    help="folder of scripts/make_models.py output (made if missing)")
+                    help="folder of python -m sglang_verify_graph.dummy_models output (made if missing)")
     ap.add_argument("--contexts", type=ints, default=[1024, 8192], help="prompt lengths in tokens, comma list")
     ap.add_argument("--batch-sizes", type=ints, default=[1, 8], help="comma list")
     ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens per measured request")

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import accept_pair as ap  # noqa: E402
 
 torch = pytest.importorskip("torch")
-EPS = 1e-5  # rms_norm_eps of make_models._llama
+EPS = 1e-5  # rms_norm_eps of dummy_models._llama
 
 
 def _rmsnorm(x, w):

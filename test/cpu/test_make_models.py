@@ -1,4 +1,4 @@
-"""CPU tier: scripts/make_models.py writes loadable config-only model folders for --load-format dummy.
+"""CPU tier: ``python -m sglang_verify_graph.dummy_models`` writes loadable config-only model folders for --load-format dummy.
 
 Checks the EAGLE-3 pairs the GPU job uses: aux layer ids distinct and < target num_hidden_layers
 (also after SGLang 0.5.16's Llama +1 shift), ``draft_vocab_size`` present, vocab sizes equal,
@@ -13,7 +13,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "make_models.py")
+WRITE_MODELS = [sys.executable, "-m", "sglang_verify_graph.dummy_models"]
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
 NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-small"]
 
 
@@ -21,7 +23,8 @@ NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-sm
 def models_dir(tmp_path_factory):
     pytest.importorskip("tokenizers")
     out = tmp_path_factory.mktemp("models")
-    r = subprocess.run([sys.executable, SCRIPT, str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*WRITE_MODELS, str(out)], capture_output=True, text=True, timeout=120,
+                       env=ENV)
     assert r.returncode == 0, r.stdout + r.stderr
     for n in NAMES:
         assert f"wrote {os.path.join(str(out), n)} " in r.stdout
@@ -85,11 +88,12 @@ def test_tokenizer_covers_vocab(models_dir, name):
 
 def test_only_flag_and_unknown_name(tmp_path):
     pytest.importorskip("tokenizers")
-    r = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "--only", "llama-small"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*WRITE_MODELS, str(tmp_path), "--only", "llama-small"],
+                       capture_output=True, text=True, timeout=120, env=ENV)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(tmp_path)) == ["llama-small", "llama-small-eagle3"]
-    r = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "--only", "nope"], capture_output=True, text=True)
+    r = subprocess.run([*WRITE_MODELS, str(tmp_path), "--only", "nope"], capture_output=True, text=True,
+                       env=ENV)
     assert r.returncode != 0 and "unknown model" in r.stderr
 
 

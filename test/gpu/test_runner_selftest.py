@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.server]
 
 MODELS = os.environ.get("VERIFY_GRAPH_MODELS", "/tmp/models")
 MODEL = os.environ.get("VERIFY_GRAPH_SELFTEST_MODEL", "llama-small")  # or kimi-small (MLA + MoE)
-# kimi-small-mla / kimi-k25-small (make_models.py); llama-pair (accept_pair.py: real weights, so no
+# kimi-small-mla / kimi-k25-small (dummy_models.py); llama-pair (accept_pair.py: real weights, so no
 # --load-format dummy; its ids never reach the padding token 0, which the NaN mode needs)
 REAL_WEIGHTS = os.path.isfile(os.path.join(MODELS, MODEL, "model.safetensors"))
 # triton (the chain kernel) or a native backend of backends.py: fa3, flashmla, flashinfer (MLA targets)

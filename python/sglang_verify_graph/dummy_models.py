@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Write config-only model folders for SGLang's ``--load-format dummy`` (random weights, no hub).
 
-    python3 scripts/make_models.py OUT_DIR [--only llama-small,llama-8b,kimi-small]
+    python -m sglang_verify_graph.dummy_models OUT_DIR [--only llama-small,llama-8b,kimi-small]
 
 Writes, under OUT_DIR, a target and its EAGLE-3 draft per model family:
 
@@ -208,7 +207,8 @@ def describe(name: str, cfg: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglang_verify_graph.dummy_models",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="output folder (created)")
     ap.add_argument("--only", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     a = ap.parse_args(argv)
