@@ -127,15 +127,16 @@ def real_args(tiny_model_dirs, restore_environ):
 @pytest.fixture
 def gpu_job_dry(tmp_path):
     """Factory fixture: ``gpu_job_dry(unset=(...), timeout=600, **env)`` runs ``scripts/gpu_job.sh``
-    with ``DRY_RUN=1`` under ``BASE=tmp_path`` (no bundle, no GPU: stages collect tests or dry-run
-    the benches) and returns ``(CompletedProcess, summary.txt text or "")``. ``unset``: variables
-    removed from the inherited environment (default: ``PARALLEL``)."""
+    with ``DRY_RUN=1`` under ``BASE=tmp_path`` (no bundle, no GPU: the suite's stages collect
+    tests or dry-run the benches; ``SUITE=...`` picks them) and returns ``(CompletedProcess,
+    summary.txt text or "")``. ``unset``: variables removed from the inherited environment
+    (default: ``PARALLEL``, ``SUITE``, ``STAGES``)."""
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def run(unset=("PARALLEL",), timeout=600, **extra):
+    def run(unset=("PARALLEL", "SUITE", "STAGES"), timeout=600, **extra):
         env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path),
                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
         for k in unset:

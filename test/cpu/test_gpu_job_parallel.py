@@ -1,10 +1,11 @@
-"""CPU tier: the shared-GPU mode of the GPU job (``scripts/gpu_job.sh`` ``PARALLEL=1``).
+"""CPU tier: the shared-GPU mode of the GPU job (``scripts/gpu_job.sh`` -> ``test/run_suite.py``,
+``PARALLEL=1``).
 
 Failure modes guarded: stages run at once on the one H200 each start servers that size their KV
 pool from the memory free at start-up (SGLang 0.5.16), so a second server profiling at the same
 moment stops with "Not enough memory" unless every test server gets the capped pool flags, and
 they must come *after* the test's own ``--mem-fraction-static`` (argparse keeps the last one);
-the stage groups and the ``wait`` barrier must run what they name.
+the parallel suites and the ``wait`` barrier must run what they name.
 """
 
 import os
@@ -58,8 +59,8 @@ def test_launch_server_puts_the_shared_flags_last(monkeypatch):
 
 def test_parallel_dry_run_runs_each_stage_and_the_barrier(gpu_job_dry):
     """``DRY_RUN=1`` (collect-only) of two stages at once, a barrier, then one more stage."""
-    p, summary = gpu_job_dry(unset=(), PARALLEL="1", PARALLEL_STAGGER_S="0",
-                             STAGES="reliab_mix accept_shape wait reliab_kv64")
+    p, summary = gpu_job_dry(PARALLEL="1", PARALLEL_STAGGER_S="0",
+                             SUITE="reliab_mix accept_shape wait reliab_kv64")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "== PARALLEL=1: 2 stages running at once (KV pools capped at 65536 tokens per server)" in summary
     assert "stages: reliab_mix=0 accept_shape=0 reliab_kv64=0" in summary
@@ -71,33 +72,39 @@ def test_parallel_dry_run_runs_each_stage_and_the_barrier(gpu_job_dry):
     assert p.stdout.index("== stage accept_shape: rc=0") < start
 
 
-def test_group_names_expand_in_place_and_default_to_parallel(gpu_job_dry):
-    """``issue3`` inside a longer STAGES list expands to its stages (here one case each) and turns
-    on PARALLEL; an e2e_mla case with a draft backend gets its own stage name (own logs)."""
-    p, summary = gpu_job_dry(PARALLEL_STAGGER_S="0", STAGES="issue3 reliab_mix", MLA_MODELS="kimi-small-mla",
+def test_mla_suite_expands_in_place_and_defaults_to_parallel(gpu_job_dry):
+    """Suite ``mla`` inside a longer SUITE list expands to its stages (here one case each) and
+    turns on PARALLEL; an e2e_mla case with a draft backend gets its own stage name (own logs)."""
+    p, summary = gpu_job_dry(PARALLEL_STAGGER_S="0", SUITE="mla reliab_mix", MLA_MODELS="kimi-small-mla",
                              NATIVE_CASES="kimi-small-mla:flashmla", E2E_MLA_CASES="kimi-small:flashmla:triton")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "== PARALLEL=1: 4 stages running at once" in summary
     assert ("stages: mla_kimi-small-mla=0 native_kimi-small-mla_flashmla=0 "
             "e2e_kimi-small_flashmla_draft_triton=0 reliab_mix=0") in summary
+    assert "-- e2e_kimi-small_flashmla_draft_triton: 6 tests collected" in summary
 
 
-def test_issue6_groups_default_the_parallel_stage_limits(gpu_job_dry):
-    """``issue6a`` runs eight stages at once, each slowed by the others (run 10: up to 415 s), so
-    the group defaults their limits to 520 s; a limit given in the environment still wins. Guards
-    the one-command run of issue #6 timing out on the 180-300 s single-stage defaults."""
-    p, _ = gpu_job_dry(unset=("PARALLEL", "NAN_TMO", "ACCEPT_TMO", "RELIAB_TMO"), PARALLEL_STAGGER_S="0",
-                       STAGES="issue6a", GPU_TMO="100", TOTAL_S="900")
+def test_parallel_suite_defaults_the_stage_limits(gpu_job_dry):
+    """The reliability suite runs its stages at once, each slowed by the others (up to 415 s
+    measured), so they default to PARALLEL_TMO (520 s); a limit given in the environment still
+    wins, and a stage after the barrier gets its own default. Guards the one-command run of the
+    reliability suite timing out on the 180-300 s single-stage defaults."""
+    p, _ = gpu_job_dry(unset=("PARALLEL", "SUITE", "STAGES", "ACCEPT_TMO", "RELIAB_TMO", "KERNEL_TMO", "PARALLEL_TMO"),
+                       PARALLEL_STAGGER_S="0", SUITE="reliability -sanitizer wait kernel", RELIAB_TMO="100",
+                       TOTAL_S="900")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "== stage gpu (limit 100s)" in p.stdout
-    for st in ("nan", "accept", "accept_shape", "reliab_kv1", "reliab_kv64", "reliab_mix", "reliab_sampling"):
+    for st in ("reliab_kv1", "reliab_kv64", "reliab_mix", "reliab_sampling"):
+        assert f"== stage {st} (limit 100s)" in p.stdout, st
+    for st in ("accept", "accept_shape"):
         assert f"== stage {st} (limit 520s)" in p.stdout, st
+    assert "== stage kernel (limit 150s)" in p.stdout
+    assert "== stage sanitizer" not in p.stdout and "stages: accept=0 accept_shape=0 " in p.stdout
 
 
 def test_kbench_stage_dry_run(gpu_job_dry):
-    """Stage ``kbench`` under ``DRY_RUN=1``: bench_chain_kernel.py --dry-run (no GPU) with
+    """Suite ``kbench`` under ``DRY_RUN=1``: bench_chain_kernel.py --dry-run (no GPU) with
     KBENCH_ARGS, its lines in summary.txt, no empty pytest-result line for it."""
-    p, summary = gpu_job_dry(STAGES="kbench", KBENCH_ARGS="--shapes kimi_tp8_mla --ndt 6 --block-rows 16 32")
+    p, summary = gpu_job_dry(SUITE="kbench", KBENCH_ARGS="--shapes kimi_tp8_mla --ndt 6 --block-rows 16 32")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "stages: kbench=0" in summary
     assert "KERNEL dry-run kimi_tp8_mla ndt=6 policy block_r=16" in summary and "forced=[16, 32]" in summary

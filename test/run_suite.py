@@ -1,0 +1,720 @@
+#!/usr/bin/env python3
+"""The GPU test suites, declared in one place by purpose, and the runner that runs them.
+
+    python3 test/run_suite.py --list                 # suite, purpose, estimated time, stages
+    python3 test/run_suite.py --check NAME...        # check the names and settings; print the plan
+    python3 test/run_suite.py NAME...                # run (on the GPU machine, after the setup)
+
+``scripts/gpu_job.sh`` sets up the GPU machine (bundle, kernel caches, plugin install, dummy
+models) and then runs ``python3 test/run_suite.py $SUITE``; it packs the logs and caches after.
+
+A NAME is a suite of ``SUITES`` (``kernel``, ``selftest``, ``e2e``, ``mla``, ``reliability``,
+``profile``, ``bench``, ``kbench``, ``capture``, ``all``), one stage of a suite (e.g. ``nan``,
+``sanitizer``, ``accept``), ``wait`` (a barrier: wait for the stages running at once; the rest run
+one at a time) or ``-NAME`` (leave that suite's or stage's stages out: ``reliability -sanitizer``).
+
+A stage is one command (pytest on one test file, or one benchmark script). Each runs in its own
+process group under ``timeout`` with its own limit (its ``*_TMO`` variable, default in the
+declaration); whatever it leaves running is killed after it. No stage runs past ``TOTAL_S -
+RESERVE_S`` seconds after the job started (``GPUJOB_T0``); a stage with under 30 s left is
+skipped (which fails the job). Parallel mode (``PARALLEL=1``; the default when a named suite is
+declared ``parallel``) starts stages in the background, 4 s apart (``PARALLEL_STAGGER_S``),
+with every test server's KV pool capped at ``SHARED_GPU_TOKENS`` (65536) tokens and a limit of
+``PARALLEL_TMO`` (520 s, for the contention) unless the stage's own variable is set; a stage
+declared ``alone`` (timing, compute-sanitizer) first waits for them, and everything after it runs
+one at a time. ``DRY_RUN=1``: pytest stages only collect (``--collect-only``), benchmarks print
+what they would run (``--dry-run``).
+
+Results: ``$GPUJOB_DIR/logs/<stage>.log`` per stage, ``logs/e2e/<stage>/`` (``E2E_LOG_DIR``) with
+its servers' logs and results JSON; lines appended to ``$GPUJOB_DIR/summary.txt``; into ``$OUT``:
+``bench_results.json``, ``kernel_results.json``, ``capture_results.json``, ``e2e_results.json``
+(stage ``e2e``), ``stage_results.tar.gz`` (every stage's ``*_results.json``). Exit status 0 only
+when every stage ran and returned 0 (or had nothing to run); 2 for a bad name or setting.
+
+This file is stdlib only (gpu_job.sh checks the names with it before the setup) and is not a
+pytest module (``test/cpu/test_run_suite.py`` tests it).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Union
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAIT = "wait"
+DEFAULT_SUITE = "kernel selftest e2e"
+DEFAULT_TOTAL_S, DEFAULT_RESERVE_S = 550, 40  # one 10-minute call: setup + stages + packing
+MIN_LEFT_S = 30  # a stage with less than this left of the budget is skipped
+
+
+@dataclass(frozen=True)
+class Arg:
+    """Arguments read from the environment when the stage starts: ``shlex.split($var)``, or
+    ``default`` when the variable is unset (set and empty: no arguments)."""
+
+    var: str
+    default: str = ""
+
+    def expand(self, environ: Mapping[str, str]) -> list[str]:
+        value = environ.get(self.var)
+        return shlex.split(self.default if value is None else value)
+
+
+Part = Union[str, Arg]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One command of a suite.
+
+    ``cmd``: argv; strings may hold ``{logs}``, ``{work}``, ``{models}``; :class:`Arg` items
+    expand from the environment. ``kind`` ``pytest``: ``--collect-only`` in a dry run and its
+    result line in the summary; ``bench``: ``--dry-run``. ``extra``: arguments after those.
+    ``env``: variables set for the stage (a string, or an :class:`Arg`: its words joined).
+    ``alone``: never beside other stages (timing; compute-sanitizer). ``memcheck`` ``kernel``:
+    the command runs under compute-sanitizer; ``server``: the test servers do. ``needs_pair``:
+    the constructed target/draft pair (``scripts/accept_pair.py``, real weights) is made first.
+    ``report``: its benchmark lines for the summary (``bench``, ``capture``, ``kbench``) and
+    ``results``: the JSON it writes in ``{work}``, copied into ``$OUT``. ``e2e_report``: its
+    ``e2e_results.json`` lines (startup, parity, concurrency, counters) in the summary.
+    ``est_s``: measured seconds on the H200 with a warm kernel cache, the stage alone unless
+    its comment says otherwise."""
+
+    name: str
+    cmd: tuple[Part, ...]
+    tmo_env: str
+    tmo_s: int
+    est_s: int
+    kind: str = "pytest"
+    extra: Arg | None = None
+    env: tuple[tuple[str, Part], ...] = ()
+    alone: bool = False
+    memcheck: str = ""
+    needs_pair: bool = False
+    report: str = ""
+    results: str = ""
+    e2e_report: bool = False
+
+    @property
+    def files(self) -> list[str]:
+        """The test files and scripts the stage runs (paths relative to the repo root)."""
+        return [c for c in self.cmd if isinstance(c, str) and c.endswith(".py") and "/" in c]
+
+    def stages(self, environ: Mapping[str, str]) -> list["Stage"]:
+        return [self]
+
+
+@dataclass(frozen=True)
+class Cases:
+    """Stages made per word of an environment list (``var``, default ``default``): one stage per
+    case, each with its own name (own log, own server logs)."""
+
+    name: str
+    var: str
+    default: str
+    make: Callable[[str, int], Stage]
+    doc: str = ""
+
+    def stages(self, environ: Mapping[str, str]) -> list[Stage]:
+        return [self.make(c, i) for i, c in enumerate(environ.get(self.var, self.default).split())]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A fixed list of stages under one name (run together, addressable by that name)."""
+
+    name: str
+    members: tuple[Stage, ...]
+
+    def stages(self, environ: Mapping[str, str]) -> list[Stage]:
+        return list(self.members)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """``parts``: stages, cases, groups or names of other suites, in run order. ``est_s``:
+    seconds for the whole suite as it runs by default (at once when ``parallel``), measured on
+    the H200 with a warm kernel cache. ``total_s``: the default ``TOTAL_S`` when this suite is
+    named in full (nothing left out) and ``TOTAL_S`` is unset."""
+
+    purpose: str
+    est_s: int
+    parts: tuple = ()
+    parallel: bool = False
+    total_s: int | None = None
+
+
+def pytest_cmd(marker: str, path: str, *args: str, stop_first: bool = True) -> tuple[str, ...]:
+    return ("python3", "-m", "pytest", *(("-x",) if stop_first else ()), "-q", "-rs", "-m", marker,
+            path, *args, "-p", "no:cacheprovider")
+
+
+SELFTEST = "test/gpu/test_runner_selftest.py"
+E2E = "test/e2e/test_server_e2e.py"
+RELIAB = "test/e2e/test_reliability_e2e.py"
+ACCEPT = "test/e2e/test_accept_length_e2e.py"
+
+# ------------------------------------------------------------------------------ the stages
+KERNEL_ST = Stage(  # 45 s warm (kernel cases only); a cold Triton cache compiles every tiling first
+    "kernel", pytest_cmd("gpu", "test/gpu/test_chain_kernel_gpu.py"), "KERNEL_TMO", 150, 45,
+    extra=Arg("GPU_ARGS"))
+SELFTEST_ST = Stage(  # one self-test server on llama-small: 100 s warm; +60 s on a cold cache
+    "selftest", pytest_cmd("gpu", SELFTEST), "SELFTEST_TMO", 200, 100, extra=Arg("GPU_ARGS"))
+NAN_ST = Stage(  # NaN in the padded rows, SGLang's NaN detection on (SGLANG_ENABLE_ASYNC_ASSERT=1): 114 s
+    "nan", pytest_cmd("gpu", SELFTEST), "NAN_TMO", 200, 114, needs_pair=True,
+    env=(("VERIFY_GRAPH_SELFTEST_NAN", "1"), ("VERIFY_GRAPH_SELFTEST_MODEL", Arg("NAN_MODEL", "llama-pair")),
+         ("VERIFY_GRAPH_SELFTEST_PORT", "31871")))
+
+
+def _mla_case(model: str, i: int) -> Stage:
+    """The self-test on an MLA target; ``kimi-k25-small`` (the KimiK25 multimodal wrapper)
+    through ``sglang.Engine`` (the CLI server would load its remote-code HF processor)."""
+    if model == "kimi-k25-small":  # est: passed at once with 9 other stages, within their 415 s
+        return Stage(f"mla_{model}", pytest_cmd("gpu", "test/gpu/test_kimi_k25_engine.py"), "MLA_TMO", 220, 150)
+    return Stage(  # kimi-small-mla (MLA drafter): 154 s at once with 9 other stages
+        f"mla_{model}", pytest_cmd("gpu", SELFTEST, "-k", "graph_equals or page_boundary"), "MLA_TMO", 220, 150,
+        env=(("VERIFY_GRAPH_SELFTEST_MODEL", model), ("VERIFY_GRAPH_SELFTEST_PORT", "31872")))
+
+
+def _native_case(case: str, i: int) -> Stage:
+    """Our runner around a backend's own verify kernel (``model:backend``); one port per case.
+    fa3 needs sgl_kernel's flash_ops (1.1 GB, not in the bundle): only where it is installed."""
+    model, _, backend = case.partition(":")
+    return Stage(  # flashmla / flashinfer: 237 / 238 s at once with 8 other stages (FlashInfer MLA JIT)
+        f"native_{model}_{backend}", pytest_cmd("gpu", SELFTEST, "-k", "graph_equals or falls_back or page_boundary"),
+        "NATIVE_TMO", 400, 240,
+        env=(("VERIFY_GRAPH_SELFTEST_MODEL", model), ("VERIFY_GRAPH_SELFTEST_BACKEND", backend),
+             ("VERIFY_GRAPH_SELFTEST_PORT", str(31875 + i))))
+
+
+def _e2e_mla_case(case: str, i: int) -> Stage:
+    """The server e2e tier on an MLA target: ``model:backend[:draft_backend]``."""
+    model, backend, draft = (case.split(":") + ["", ""])[:3]
+    return Stage(  # 316-408 s at once with 8 other stages; ~220 s alone, like stage e2e
+        f"e2e_{model}_{backend}" + (f"_draft_{draft}" if draft else ""), pytest_cmd("server", E2E), "E2E_TMO", 240, 240,
+        extra=Arg("E2E_ARGS"), e2e_report=True,
+        env=(("E2E_MODEL", model), ("E2E_BACKEND", backend), ("E2E_DRAFT_BACKEND", draft)))
+
+
+MLA = Cases("mla", "MLA_MODELS", "kimi-small-mla kimi-k25-small", _mla_case,
+            "the self-test per MLA target (MLA_MODELS)")
+NATIVE = Cases("native", "NATIVE_CASES", "kimi-small-mla:flashmla kimi-small-mla:flashinfer", _native_case,
+               "the self-test around a backend's own verify (NATIVE_CASES model:backend)")
+E2E_MLA = Cases("e2e_mla", "E2E_MLA_CASES",
+                "kimi-small:triton kimi-small:flashmla:triton kimi-small:flashinfer "
+                "kimi-small-mla:triton kimi-small-mla:flashmla kimi-small-mla:flashinfer", _e2e_mla_case,
+                "the e2e tier per MLA target x backend (E2E_MLA_CASES model:backend[:draft_backend])")
+
+E2E_ST = Stage(  # 3 server starts (~55-60 s each) + 16 x 128-token parity x 3 + concurrency: 219 s
+    "e2e", pytest_cmd("server", E2E), "E2E_TMO", 240, 220, extra=Arg("E2E_ARGS"), e2e_report=True)
+PROFILE_ST = Stage(  # llama-8b: 164 s
+    "profile", pytest_cmd("server", "test/e2e/test_profile_e2e.py", stop_first=False), "PROFILE_TMO", 240, 165,
+    env=(("PROFILE_MODEL", Arg("PROFILE_MODEL", "llama-8b")),))
+ACCEPT_ST = Stage(  # ours / upstream / eager accept lengths on the constructed pair: 199 s
+    "accept", pytest_cmd("server", ACCEPT, stop_first=False), "ACCEPT_TMO", 300, 200, needs_pair=True)
+ACCEPT_SHAPE_ST = Stage(  # num_steps 1, 2, 5 on ours (3 servers): 446 s at once with 9 other stages
+    "accept_shape", pytest_cmd("server", ACCEPT, stop_first=False), "ACCEPT_TMO", 300, 200, needs_pair=True,
+    env=(("ACCEPT_STEPS", "1 2 5"),))
+
+
+def _reliab(name: str, k: str, est_s: int) -> Stage:
+    return Stage(name, pytest_cmd("server", RELIAB, "-k", k, stop_first=False), "RELIAB_TMO", 300, est_s,
+                 needs_pair=True)
+
+
+# one test of test_reliability_e2e.py each (so they can run at once); est: at once with 9 others
+RELIAB_KV1 = _reliab("reliab_kv1", "kv and not 64", 250)     # KV accounting, page size 1: 252 s
+RELIAB_KV64 = _reliab("reliab_kv64", "kv and 64", 265)       # page size 64: 265 s
+RELIAB_MIX = _reliab("reliab_mix", "mix", 340)               # feature mix: 338 s
+RELIAB_SAMPLING = _reliab("reliab_sampling", "sampling", 300)  # sampling: over 300 s on a cold FlashInfer cache
+
+_SAN_KERNEL = Stage(  # memcheck on 4 kernel cases: page-edge lengths 63..129 and mixed lengths, ndt 3, both shapes
+    "sanitizer_kernel",
+    pytest_cmd("gpu", "test/gpu/test_chain_kernel_gpu.py", "-k", "(seq_lens2 or seq_lens3) and (3-llama8b or 3-kimi_tp8)"),
+    "SANITIZER_KERNEL_TMO", 200, 60, alone=True, memcheck="kernel")
+_SAN_SERVER = Stage(  # the self-test server with every process under memcheck, a 4..32-token burst (~1.5 s per verify step)
+    "sanitizer_server", pytest_cmd("gpu", SELFTEST, "-k", "graph_equals or page_boundary"),
+    "SANITIZER_SERVER_TMO", 480, 90, alone=True, memcheck="server",
+    env=(("VERIFY_GRAPH_SERVER_TIMEOUT", Arg("SANITIZER_SERVER_WAIT", "420")),
+         ("VERIFY_GRAPH_SELFTEST_TOKENS", Arg("SANITIZER_TOKENS", "4")),
+         ("VERIFY_GRAPH_SELFTEST_REQ_TIMEOUT", "900"), ("VERIFY_GRAPH_SELFTEST_PORT", "31873")))
+SANITIZER = Group("sanitizer", (_SAN_KERNEL, _SAN_SERVER))  # both: 148 s alone
+
+BENCH_ST = Stage(  # --quick (llama-small, 1k, bs 1, 32 tokens): 3 engine starts of ~30-40 s; the full
+    # llama-8b default (BENCH_ARGS="") 210 s
+    "bench", ("python3", "benchmark/bench_verify.py", "--out", "{work}/bench_results.json", "--log-dir", "{logs}/bench",
+              "--models-dir", "{models}", "--mode-timeout", Arg("BENCH_MODE_TMO", "150")),
+    "BENCH_TMO", 270, 120, kind="bench", extra=Arg("BENCH_ARGS", "--quick"), alone=True, report="bench",
+    results="bench_results.json")
+KBENCH_ST = Stage(  # one verify layer's attention op, CUDA-graph replays: 109 s for 18 Kimi MLA points with --block-rows 16 32
+    "kbench", ("python3", "benchmark/bench_chain_kernel.py", "--out", "{work}/kernel_results.json"),
+    "KBENCH_TMO", 240, 110, kind="bench", extra=Arg("KBENCH_ARGS"), alone=True, report="kbench",
+    results="kernel_results.json")
+CAPTURE_ST = Stage(  # repeated engine starts: 316 s for 3 repeats x 2 modes on llama-8b
+    "capture", ("python3", "benchmark/bench_capture.py", "--out", "{work}/capture_results.json", "--log-dir",
+                "{logs}/capture", "--mode-timeout", Arg("BENCH_MODE_TMO", "150"), "--models-dir", "{models}"),
+    "CAPTURE_TMO", 300, 320, kind="bench", extra=Arg("CAPTURE_ARGS"), alone=True, report="capture",
+    results="capture_results.json")
+
+# ------------------------------------------------------------------------------ the suites
+SUITES: dict[str, Suite] = {
+    "kernel": Suite(
+        "the chain verify attention kernel in bf16 on the real shapes (Llama-8B GQA, Kimi MLA) against "
+        "a float64 reference: page edges, mixed lengths, 2-6 draft tokens, both row tilings", 45, (KERNEL_ST,)),
+    "selftest": Suite(
+        "the verify graph against the eager forward inside a real server, with poisoned buffers and "
+        "padded buckets; then NaN in the padded rows with SGLang's NaN detection on", 215, (SELFTEST_ST, NAN_ST)),
+    "e2e": Suite(
+        "the stock server with the flag vs upstream's graph vs no speculation: counters, concurrency "
+        "1-8, greedy parity (E2E_MODEL, E2E_STEPS, E2E_BACKEND)", 220, (E2E_ST,)),
+    "mla": Suite(  # at once: the longest of 10 stages took 408 s, 551 s for the call (2026-12-01)
+        "MLA targets: the self-test with the MLA drafter and the KimiK25 wrapper, our runner around "
+        "flashmla / flashinfer's own verify, and the e2e tier per target x backend", 420,
+        (MLA, NATIVE, E2E_MLA), parallel=True),
+    "reliability": Suite(  # at once: the longest took 446 s; then compute-sanitizer alone, 148 s
+        "accept length ours = upstream = eager (and at num_steps 1/2/5), KV accounting at page 1 and "
+        "64, feature mix, sampling; then compute-sanitizer memcheck on kernel cases and a server", 600,
+        (ACCEPT_ST, ACCEPT_SHAPE_ST, RELIAB_KV1, RELIAB_KV64, RELIAB_MIX, RELIAB_SAMPLING, SANITIZER),
+        parallel=True, total_s=1000),
+    "profile": Suite(
+        "the per-phase profile on a real server: profile lines, counters, /metrics, the advisor on "
+        "the log (PROFILE_MODEL)", 165, (PROFILE_ST,)),
+    "bench": Suite(
+        "verify / decode GPU time per replay for ours, upstream and plain engines (bench_verify.py "
+        "--quick unless BENCH_ARGS is set)", 120, (BENCH_ST,)),
+    "kbench": Suite(
+        "one verify layer's attention op: decode / upstream / ours in CUDA-graph replays (KBENCH_ARGS)",
+        110, (KBENCH_ST,)),
+    "capture": Suite(
+        "verify-graph capture time and memory over repeated engine starts, ours vs upstream "
+        "(CAPTURE_ARGS)", 320, (CAPTURE_ST,)),
+}
+
+
+class SuiteError(ValueError):
+    """A bad suite name or setting: the message is the one line to print."""
+
+
+def _suite_stages(name: str, environ: Mapping[str, str]) -> list[Stage]:
+    out: list[Stage] = []
+    for p in SUITES[name].parts:
+        out += _suite_stages(p, environ) if isinstance(p, str) else p.stages(environ)
+    return out
+
+
+_ALL = ("kernel", "selftest", "mla", "reliability", "e2e", "profile", "kbench", "bench")
+SUITES["all"] = Suite(  # one stage at a time: the sum of the stages' estimates
+    "every suite above, one stage at a time, except capture (repeated engine starts: run it alone); "
+    "raise TOTAL_S", sum(s.est_s for n in _ALL for s in _suite_stages(n, {})), _ALL)
+# the stages, cases and groups of the suites, each addressable by its name
+_UNITS = {p.name: p for s in SUITES.values() for p in s.parts if not isinstance(p, str)}
+# settings that are no longer read, each with what replaces it
+RENAMED = {"GPU_TMO": "KERNEL_TMO and SELFTEST_TMO (the kernel and selftest suites)",
+           "RELIAB_ARGS": "a stage name (reliab_kv1, reliab_kv64, reliab_mix, reliab_sampling)"}
+
+
+def valid_names_line() -> str:
+    return (f"valid suites: {', '.join(SUITES)}; stages: {', '.join(_UNITS)}; '{WAIT}' (barrier); "
+            "'-NAME' leaves a suite or stage out")
+
+
+def expand(names: list[str], environ: Mapping[str, str]) -> list:
+    """Stages (and WAIT barriers) in run order, each stage once, ``-NAME`` ones left out."""
+    plan: list = []
+    excluded: set[str] = set()
+    for raw in names:
+        name = raw[1:] if raw.startswith("-") else raw
+        if name in SUITES:
+            stages = _suite_stages(name, environ)
+        elif name in _UNITS:
+            stages = _UNITS[name].stages(environ)
+        elif name == WAIT and not raw.startswith("-"):
+            plan.append(WAIT)
+            continue
+        else:
+            raise SuiteError(f"unknown suite '{raw}' (SUITE=\"{' '.join(names)}\"): {valid_names_line()}")
+        if raw.startswith("-"):
+            excluded |= {s.name for s in stages}
+        else:
+            plan += stages
+    seen: set[str] = set()
+    out = []
+    for s in plan:
+        if s == WAIT or (s.name not in seen and s.name not in excluded):
+            out.append(s)
+            if s != WAIT:
+                seen.add(s.name)
+    if not any(s != WAIT for s in out):
+        raise SuiteError(f"SUITE=\"{' '.join(names)}\" leaves no stage to run: {valid_names_line()}")
+    return out
+
+
+def _int_env(environ: Mapping[str, str], var: str, default: int, lo: int = 0) -> int:
+    raw = environ.get(var)
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        v = lo - 1
+    if v < lo:
+        raise SuiteError(f"{var}={raw!r}: want a whole number >= {lo} (seconds); fix: set {var} to e.g. {default}")
+    return v
+
+
+@dataclass
+class Settings:
+    names: list[str]
+    plan: list
+    dry: bool
+    parallel: bool
+    total_s: int
+    reserve_s: int
+    parallel_tmo: int
+    stagger_s: int
+    shared_tokens: int
+    limits: dict[str, int] = field(default_factory=dict)  # stage name -> its *_TMO value when set
+
+
+def settings(names: list[str], environ: Mapping[str, str]) -> Settings:
+    """Check the names and every setting the plan reads; :class:`SuiteError` names the first bad one."""
+    for var, instead in RENAMED.items():
+        if environ.get(var):
+            raise SuiteError(f"{var} is no longer read: use {instead}")
+    plan = expand(names, environ)
+    stages = [s for s in plan if s != WAIT]
+    par_raw = environ.get("PARALLEL", "")
+    if par_raw not in ("", "0", "1"):
+        raise SuiteError(f"PARALLEL={par_raw!r}: want 1 (stages at once) or 0 (one at a time)")
+    named = [n for n in names if n in SUITES]
+    parallel = par_raw == "1" or (par_raw == "" and any(SUITES[n].parallel for n in named))
+    whole = not any(n.startswith("-") for n in names)
+    suite_total = max([SUITES[n].total_s or 0 for n in named] + [0]) if whole else 0
+    st = Settings(
+        names, plan, environ.get("DRY_RUN") == "1", parallel,
+        _int_env(environ, "TOTAL_S", suite_total or DEFAULT_TOTAL_S, 1),
+        _int_env(environ, "RESERVE_S", DEFAULT_RESERVE_S),
+        _int_env(environ, "PARALLEL_TMO", 520, 1), _int_env(environ, "PARALLEL_STAGGER_S", 4),
+        _int_env(environ, "SHARED_GPU_TOKENS", 65536, 1))
+    for s in stages:
+        if environ.get(s.tmo_env):
+            st.limits[s.name] = _int_env(environ, s.tmo_env, s.tmo_s, 1)
+    return st
+
+
+def estimate_s(st: Settings) -> int:
+    """The selection's estimated seconds: a suite named in full counts its own estimate (at once
+    where it is parallel); any other stage its own, the longest one for stages started at once."""
+    covered: set[str] = set()
+    total = 0
+    if all(not n.startswith("-") for n in st.names):
+        for n in st.names:
+            if n in SUITES:
+                members = {s.name for s in _suite_stages(n, {})}
+                if not members & covered:
+                    total += SUITES[n].est_s
+                covered |= members
+    together, par = 0, st.parallel
+    for s in st.plan:
+        if s == WAIT or (par and s.alone):
+            total, together, par = total + together, 0, False
+        if s == WAIT or s.name in covered:
+            continue
+        if par:
+            together = max(together, s.est_s)
+        else:
+            total += s.est_s
+    return total + together
+
+
+def _minutes(s: int) -> str:
+    return f"~{s // 60} min" if s >= 60 else f"~{s} s"
+
+
+def table() -> str:
+    lines = [f"{'suite':<12} {'est':>8}  purpose / stages (limit variable, default s)"]
+    for name, s in SUITES.items():
+        lines.append(f"{name:<12} {_minutes(s.est_s):>8}  {s.purpose}" + (" [stages at once]" if s.parallel else ""))
+        for p in s.parts:
+            if isinstance(p, str):
+                continue
+            if isinstance(p, Cases):
+                lines.append(f"{'':<23}{p.name}: {p.doc}, default {p.default}")
+                continue
+            for x in p.stages({}):
+                env = " ".join(f"{k}={v if isinstance(v, str) else '$' + v.var}" for k, v in x.env)
+                lines.append(f"{'':<23}{x.name}: {env + ' ' if env else ''}"
+                             f"{' '.join(a if isinstance(a, str) else '$' + a.var for a in x.cmd)}"
+                             f"{' $' + x.extra.var if x.extra else ''} ({x.tmo_env} {x.tmo_s}; est {x.est_s} s)")
+        if all(isinstance(p, str) for p in s.parts):
+            lines.append(f"{'':<23}= {' '.join(s.parts)}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ the runner
+class Runner:
+    def __init__(self, st: Settings, environ: Mapping[str, str]):
+        self.st, self.environ = st, dict(environ)
+        self.work = environ.get("GPUJOB_DIR") or "/tmp/gpujob"
+        self.logs = os.path.join(self.work, "logs")
+        self.out = environ.get("OUT") or "/tmp/gpujob_out"
+        self.models = environ.get("MODELS_DIR") or "/tmp/models"
+        self.t0 = float(environ.get("GPUJOB_T0") or time.time())
+        self.summary = os.path.join(self.work, "summary.txt")
+        self.rc: dict[str, object] = {}
+        self.order: list[str] = []
+        self.background: list[threading.Thread] = []
+        self.parallel = st.parallel
+        self.lock = threading.Lock()
+        os.makedirs(self.logs, exist_ok=True)
+        os.makedirs(self.out, exist_ok=True)
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            print(text, flush=True)
+            with open(self.summary, "a") as f:
+                f.write(text + "\n")
+
+    def elapsed(self) -> int:
+        return int(time.time() - self.t0)
+
+    def fmt(self, s: str) -> str:
+        return s.format(logs=self.logs, work=self.work, models=self.models)
+
+    def argv(self, s: Stage) -> list[str]:
+        out: list[str] = []
+        for c in s.cmd:
+            out += c.expand(self.environ) if isinstance(c, Arg) else [self.fmt(c)]
+        if self.st.dry:
+            out.append("--collect-only" if s.kind == "pytest" else "--dry-run")
+        return out + (s.extra.expand(self.environ) if s.extra else [])
+
+    def stage_env(self, s: Stage, shared: bool) -> dict[str, str]:
+        env = dict(self.environ, E2E_LOG_DIR=os.path.join(self.logs, "e2e", s.name), PYTHONUNBUFFERED="1")
+        env.pop("VERIFY_GRAPH_SHARED_GPU_TOKENS", None)
+        if shared:  # stages share the GPU: cap each test server's KV pool (test/server_utils.py)
+            env["VERIFY_GRAPH_SHARED_GPU_TOKENS"] = str(self.st.shared_tokens)
+        for k, v in s.env:
+            env[k] = " ".join(v.expand(self.environ)) if isinstance(v, Arg) else self.fmt(v)
+        return env
+
+    # -- one stage
+    def _body(self, s: Stage, argv: list[str], env: dict, tmo: int) -> None:
+        t1 = time.time()
+        print(f"== stage {s.name} (limit {tmo}s): {' '.join(argv)}", flush=True)
+        with open(os.path.join(self.logs, f"{s.name}.log"), "w") as log:
+            p = subprocess.Popen(["timeout", "-k", "15", str(tmo), *argv], stdout=log, stderr=subprocess.STDOUT,
+                                 env=env, cwd=ROOT, start_new_session=True)  # own process group
+            rc = p.wait()
+        try:  # whatever the stage left running (its process group)
+            os.killpg(p.pid, signal.SIGKILL)
+            time.sleep(3)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.rc[s.name] = rc
+        self.say(f"== stage {s.name}: rc={rc} in {int(time.time() - t1)}s (limit {tmo}s)"
+                 + (" TIMED OUT" if rc == 124 else ""))
+
+    def run_stage(self, s: Stage) -> None:
+        self.order.append(s.name)
+        if s.alone:
+            self.barrier()
+        missing = [f for f in s.files if not os.path.exists(os.path.join(ROOT, f))]
+        if missing:
+            self.rc[s.name] = "absent"
+            self.say(f"== stage {s.name}: SKIPPED (no {', '.join(missing)})")
+            return
+        argv = self.argv(s)
+        if s.memcheck:
+            san = shutil.which("compute-sanitizer") or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer"))), "")
+            if not san:
+                self.rc[s.name] = "absent"
+                self.say(f"== stage {s.name}: SKIPPED (compute-sanitizer not found)")
+                return
+            wrap = [san, "--tool", "memcheck", "--target-processes", "all", "--error-exitcode", "99",
+                    "--log-file", os.path.join(self.logs, f"memcheck_{s.memcheck}.%p.txt")]
+        left = int(self.t0 + self.st.total_s - self.st.reserve_s - time.time())
+        if left < MIN_LEFT_S:
+            self.rc[s.name] = "skipped"
+            self.say(f"== stage {s.name}: SKIPPED ({left}s left of TOTAL_S={self.st.total_s})")
+            return
+        tmo = self.st.limits.get(s.name) or (self.st.parallel_tmo if self.parallel else s.tmo_s)
+        tmo = min(tmo, left)
+        env = self.stage_env(s, shared=self.parallel)
+        if s.memcheck == "kernel":
+            argv = wrap + argv
+        elif s.memcheck == "server":
+            env["VERIFY_GRAPH_SERVER_WRAPPER"] = " ".join(wrap)
+        if self.parallel:
+            t = threading.Thread(target=self._body, args=(s, argv, env, tmo))
+            t.start()
+            self.background.append(t)
+            time.sleep(self.st.stagger_s)
+        else:
+            self._body(s, argv, env, tmo)
+
+    def barrier(self) -> None:
+        """Wait for the stages running at once; every later stage runs alone."""
+        if not self.parallel:
+            return
+        self.say(f"== PARALLEL=1: {len(self.background)} stages running at once "
+                 f"(KV pools capped at {self.st.shared_tokens} tokens per server)")
+        for t in self.background:
+            t.join()
+        self.background, self.parallel = [], False
+
+    # -- the whole plan
+    def make_pair(self) -> None:
+        """The constructed-agreement pair (real weights, ~100 MB) for the stages that need it."""
+        if not any(s != WAIT and s.needs_pair for s in self.st.plan):
+            return
+        with open(os.path.join(self.logs, "make_models.txt"), "a") as log:
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "accept_pair.py"), self.models],
+                               stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        if r.returncode:
+            tail = open(os.path.join(self.logs, "make_models.txt"), errors="replace").read().splitlines()[-3:]
+            self.say(f"accept_pair FAILED: {' '.join(tail)}")
+
+    def run(self) -> int:
+        st = self.st
+        left = int(self.t0 + st.total_s - st.reserve_s - time.time())
+        est = estimate_s(st)
+        stages = [s.name for s in st.plan if s != WAIT]
+        self.say(f"== suites {' '.join(st.names)}: {len(stages)} stages, estimated {_minutes(est)} ({est} s, warm "
+                 f"kernel cache); {left}s left of TOTAL_S={st.total_s} - RESERVE_S={st.reserve_s}"
+                 + ("; stages at once (PARALLEL=1)" if st.parallel else ""))
+        if est > left:
+            self.say(f"   WARNING: the estimate exceeds the budget: stages past it are skipped; raise TOTAL_S or "
+                     f"run fewer suites")
+        self.make_pair()
+        for s in st.plan:
+            if s == WAIT:
+                self.barrier()
+            else:
+                self.run_stage(s)
+        self.barrier()
+        self.memcheck_verdicts()
+        self.report()
+        self.say(f"== {' '.join(st.names)}: done at {self.elapsed()}s; stages: "
+                 + " ".join(f"{k}={self.rc.get(k)}" for k in self.order))
+        return 0 if all(self.rc.get(k) in (0, "absent") for k in self.order) else 1
+
+    def memcheck_verdicts(self) -> None:
+        """A passing sanitizer stage also needs every memcheck report to hold ``ERROR SUMMARY: 0
+        errors``: a frontend killed with its server writes none."""
+        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        import memcheck_verdict
+
+        for s in (x for x in self.st.plan if x != WAIT and x.memcheck):
+            if self.rc.get(s.name) != 0:
+                continue
+            v, detail = memcheck_verdict.verdict(os.path.join(self.logs, f"memcheck_{s.memcheck}"))
+            self.say(f"-- {s.name} memcheck: {v}: {detail}")
+            if v == "absent" and self.st.dry:  # a dry run starts no server
+                continue
+            if v != "ok":
+                self.rc[s.name] = f"memcheck_{v}"
+
+    def report(self) -> None:
+        byname = {s.name: s for s in self.st.plan if s != WAIT}
+        for name in self.order:
+            s, log = byname[name], os.path.join(self.logs, f"{name}.log")
+            if s.kind != "pytest" or not os.path.exists(log):
+                continue
+            lines = open(log, errors="replace").read().splitlines()
+            res = [ln for ln in lines if re.search(r"(passed|failed|error|skipped|no tests ran|collected|deselected)", ln)
+                   and re.search(r" in [0-9.]+s", ln)]
+            self.say(f"-- {name}: {res[-1] if res else ''}")
+            for ln in [ln for ln in lines if re.match(r"(FAILED|ERROR) ", ln)][:8]:
+                self.say(f"   {ln[:300]}")
+            for ln in [ln for ln in lines if ln.startswith("E  ")][:6]:
+                self.say(f"   {ln[:400]}")
+        e2e_dir = os.path.join(self.logs, "e2e")
+        for name in self.order:
+            path = os.path.join(e2e_dir, name, "e2e_results.json")
+            if not (byname[name].e2e_report and os.path.exists(path)):
+                continue
+            if name == "e2e":
+                shutil.copy(path, self.out)
+            self.say("\n".join(e2e_lines(path, name)[:12]))
+        results = sorted(glob.glob(os.path.join(e2e_dir, "*", "*_results.json")))
+        if results:  # every stage's results in one file ($OUT takes 8)
+            with tarfile.open(os.path.join(self.out, "stage_results.tar.gz"), "w:gz") as tar:
+                for r in results:
+                    tar.add(r, arcname=os.path.relpath(r, e2e_dir))
+        for name in self.order:
+            s, log = byname[name], os.path.join(self.logs, f"{name}.log")
+            if s.report and os.path.exists(log):
+                self.bench_lines(s.report, open(log, errors="replace").read().splitlines())
+            if s.results and os.path.exists(os.path.join(self.work, s.results)):
+                shutil.copy(os.path.join(self.work, s.results), self.out)
+
+    def bench_lines(self, report: str, lines: list[str]) -> None:
+        def to_summary(ls):
+            with self.lock, open(self.summary, "a") as f:
+                f.writelines(ln + "\n" for ln in ls)
+
+        if report == "bench":  # mode status lines; one step count's grid with its mode, capture and meta lines
+            for ln in [ln for ln in lines if ln.startswith("BENCH mode ")]:
+                self.say(ln[:300])
+            to_summary([ln[:400] for ln in lines if ln.startswith("RESULT ")][-90:])
+        elif report == "capture":  # one line per engine as it finished (kept if the stage timed out)
+            for ln in [ln for ln in lines if ln.startswith("CAPTURE run ")]:
+                self.say(ln[:300])
+            to_summary([ln[:400] for ln in lines if ln.startswith("RESULT ")][-30:])
+        elif report == "kbench":  # the kernel tables (everything after the per-point KERNEL lines)
+            to_summary([ln[:300] for ln in lines if not ln.startswith("KERNEL {")][-60:])
+
+
+def e2e_lines(path: str, stage: str) -> list[str]:
+    """Startup, parity, concurrency and counter lines of one e2e stage's ``e2e_results.json``."""
+    try:
+        r = json.load(open(path))
+        out = [f"-- {stage} startup_s {r.get('startup_s')}"]
+        for k, v in (r.get("parity") or {}).items():
+            out.append(f"-- {stage} parity {k}: {v['identical']}/16 identical, {len(v['ties'])} near-ties; "
+                       + (v["fails"] + v["ties"] + [""])[0][:300])
+        for c, v in (r.get("concurrency") or {}).items():
+            out.append(f"-- {stage} concurrency {c}: delta {v['delta']} spec_verify_ct sum {sum(v['spec_verify_ct'])}")
+        s = r.get("ours_after_parity") or r.get("ours_at_start")
+        if s:
+            keys = ("runner", "capture_bs", "replays", "verify_steps", "fallback_total", "fallbacks")
+            out.append(f"-- {stage} ours counters {({k: s.get(k) for k in keys})}")
+        return out
+    except Exception as ex:  # a malformed file: say so, keep the job going
+        return [f"-- {stage} e2e_results.json unreadable: {type(ex).__name__}: {ex}"[:300]]
+
+
+def main(argv: list[str]) -> int:
+    args = list(argv)
+    if args[:1] == ["--list"]:
+        print(table())
+        return 0
+    check = args[:1] == ["--check"]
+    names = (args[1:] if check else args) or DEFAULT_SUITE.split()
+    try:
+        st = settings(names, os.environ)
+    except SuiteError as ex:
+        print(f"run_suite.py: {ex}", file=sys.stderr)
+        return 2
+    if check:
+        print(f"suites {' '.join(names)} -> stages {' '.join(s if s == WAIT else s.name for s in st.plan)} "
+              f"(estimated {_minutes(estimate_s(st))})")
+        return 0
+    return Runner(st, os.environ).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
