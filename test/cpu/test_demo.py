@@ -260,7 +260,7 @@ def test_start_failure_is_one_line_with_the_log(tmp_path):
     log = tmp_path / "server_ours.log"
     cmd = [sys.executable, "-c", "import sys; print('RuntimeError: no GPU'); sys.exit(3)"]
     with pytest.raises(demo.DemoError) as ex:
-        demo.start_server("ours", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 60)
+        demo.start_server("ours", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 30)
     msg = str(ex.value)
     assert "\n" not in msg and "exited with code 3" in msg and str(log) in msg
     assert "RuntimeError: no GPU" in msg
