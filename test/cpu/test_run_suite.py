@@ -1,0 +1,214 @@
+"""CPU tier: the GPU suite declaration and its runner (``test/run_suite.py``, called by
+``scripts/gpu_job.sh``).
+
+Failure modes guarded: a suite without a purpose or an estimated time, or one that names a test
+file or script that is not there (the GPU call then spends minutes to find out); a typo in
+``SUITE`` running nothing, or something else, instead of stopping with one line naming the valid
+suites; a bad number in a limit variable; a stage that outlives its limit, or leaves processes
+behind that hold the GPU for the next stage; a stage started with less budget than it needs
+left, so packing runs past the 10-minute call; ``-NAME`` or the suites' own budget not applied.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+import run_suite as rs  # noqa: E402
+
+# what each suite must run: the test files and scripts, by purpose
+WANT_FILES = {
+    "kernel": {"test/gpu/test_chain_kernel_gpu.py"},
+    "selftest": {"test/gpu/test_runner_selftest.py"},
+    "e2e": {"test/e2e/test_server_e2e.py"},
+    "mla": {"test/gpu/test_runner_selftest.py", "test/gpu/test_kimi_k25_engine.py", "test/e2e/test_server_e2e.py"},
+    "reliability": {"test/e2e/test_accept_length_e2e.py", "test/e2e/test_reliability_e2e.py",
+                    "test/gpu/test_chain_kernel_gpu.py", "test/gpu/test_runner_selftest.py"},
+    "profile": {"test/e2e/test_profile_e2e.py"},
+    "bench": {"benchmark/bench_verify.py"},
+    "kbench": {"benchmark/bench_chain_kernel.py"},
+    "capture": {"benchmark/bench_capture.py"},
+}
+
+
+@pytest.mark.parametrize("name", list(rs.SUITES))
+def test_every_suite_has_a_purpose_an_estimate_and_existing_files(name):
+    suite = rs.SUITES[name]
+    assert len(suite.purpose) > 20, suite.purpose
+    assert suite.est_s > 0
+    stages = rs._suite_stages(name, {})
+    assert stages, name
+    for s in stages:
+        assert s.est_s > 0 and s.tmo_s > 0 and s.tmo_env.endswith("_TMO"), s.name
+        assert s.files, f"{s.name} runs no test file or script"
+        for f in s.files:
+            assert os.path.isfile(os.path.join(ROOT, f)), f"{name}/{s.name}: {f} does not exist"
+
+
+def test_the_suites_run_what_their_purpose_names():
+    got = {n: {f for s in rs._suite_stages(n, {}) for f in s.files} for n in rs.SUITES if n != "all"}
+    assert got == WANT_FILES
+    # the NaN variant of the self-test is in selftest; compute-sanitizer in reliability
+    assert [s.name for s in rs._suite_stages("selftest", {})] == ["selftest", "nan"]
+    assert dict(rs._suite_stages("selftest", {})[1].env)["VERIFY_GRAPH_SELFTEST_NAN"] == "1"
+    assert {s.memcheck for s in rs._suite_stages("reliability", {})} == {"", "kernel", "server"}
+
+
+def test_all_is_every_suite_but_capture_one_at_a_time():
+    every = [s.name for n in rs.SUITES if n not in ("all", "capture") for s in rs._suite_stages(n, {})]
+    got = [s.name for s in rs._suite_stages("all", {})]
+    assert sorted(got) == sorted(every) and len(set(got)) == len(got)
+    assert not rs.SUITES["all"].parallel
+    assert rs.SUITES["all"].est_s == sum(s.est_s for s in rs._suite_stages("all", {}))
+
+
+def test_names_say_what_a_thing_does():
+    """Suite and stage names by purpose: none named after an issue or a run."""
+    names = list(rs.SUITES) + list(rs._UNITS) + [s.name for n in rs.SUITES for s in rs._suite_stages(n, {})]
+    bad = [n for n in names if re.search(r"issue|run\d|^\d|#", n)]
+    assert not bad, bad
+    with open(os.path.join(ROOT, "scripts", "gpu_job.sh")) as f:
+        job = f.read()
+    with open(os.path.join(ROOT, "test", "run_suite.py")) as f:
+        runner = f.read()
+    for text in (job, runner):
+        assert not re.search(r"issue ?#?\d|\brun \d+\b|#\d", text), re.findall(r"issue ?#?\d|\brun \d+\b|#\d", text)
+
+
+def test_unknown_suite_is_one_line_naming_the_valid_suites():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "test", "run_suite.py"), "kernel", "e2ee"],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, DRY_RUN="1"))
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "unknown suite 'e2ee'" in lines[0]
+    for name in rs.SUITES:
+        assert name in lines[0], name
+
+
+def test_gpu_job_stops_on_an_unknown_suite_before_the_setup(tmp_path):
+    """The old group names are gone: gpu_job.sh refuses them with the runner's one line, before
+    it untars or installs anything."""
+    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), SUITE="issue6a",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"run_suite.py: unknown suite 'issue6a' (SUITE=\"issue6a\"): {rs.valid_names_line()}"]
+    assert not (tmp_path / "gpujob").exists() and not (tmp_path / "site").exists()
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"TOTAL_S": "ten"}, "TOTAL_S='ten': want a whole number >= 1"),
+    ({"E2E_TMO": "-3"}, "E2E_TMO='-3': want a whole number >= 1"),
+    ({"PARALLEL": "yes"}, "PARALLEL='yes': want 1"),
+    ({"GPU_TMO": "100"}, "GPU_TMO is no longer read: use KERNEL_TMO and SELFTEST_TMO"),
+])
+def test_bad_setting_is_one_line_naming_it(env, fragment):
+    with pytest.raises(rs.SuiteError) as ei:
+        rs.settings(["e2e"], env)
+    assert fragment in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_leaving_out_and_the_suite_budget():
+    """``reliability`` named whole defaults TOTAL_S to its 1000 s and runs at once; ``-sanitizer``
+    leaves compute-sanitizer out (the part that fits one 10-minute call: default budget)."""
+    whole = rs.settings(["reliability"], {})
+    assert whole.parallel and whole.total_s == 1000
+    assert [s.name for s in whole.plan][-2:] == ["sanitizer_kernel", "sanitizer_server"]
+    part = rs.settings(["reliability", "-sanitizer"], {})
+    assert part.total_s == rs.DEFAULT_TOTAL_S
+    assert not any(s.memcheck for s in part.plan) and len(part.plan) == 6
+    assert rs.settings(["reliability"], {"TOTAL_S": "565"}).total_s == 565
+    assert not rs.settings(["reliability"], {"PARALLEL": "0"}).parallel
+    assert not rs.settings(["kernel", "e2e"], {}).parallel
+    # a stage named twice runs once
+    assert [s.name for s in rs.settings(["kernel", "all"], {}).plan].count("kernel") == 1
+
+
+def test_bench_is_quick_unless_bench_args_is_set():
+    bench = rs._UNITS["bench"]
+    r = rs.Runner.__new__(rs.Runner)
+    r.st, r.logs, r.work, r.models = rs.settings(["bench"], {}), "/l", "/w", "/m"
+    r.environ = {}
+    assert r.argv(bench)[-1] == "--quick"
+    r.environ = {"BENCH_ARGS": "--contexts 1024 --modes ours,upstream"}
+    assert r.argv(bench)[-4:] == ["--contexts", "1024", "--modes", "ours,upstream"] and "--quick" not in r.argv(bench)
+    r.environ = {"BENCH_ARGS": ""}  # set and empty: bench_verify.py's own full default
+    assert r.argv(bench)[-1] == "150"
+
+
+def _runner(tmp_path, stage, total_s=500, reserve_s=0):
+    st = rs.Settings([stage.name], [stage], dry=False, parallel=False, total_s=total_s, reserve_s=reserve_s,
+                     parallel_tmo=520, stagger_s=0, shared_tokens=65536)
+    env = dict(os.environ, GPUJOB_DIR=str(tmp_path / "w"), OUT=str(tmp_path / "out"), GPUJOB_T0=str(time.time()))
+    return rs.Runner(st, env)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+# the stage's command: starts a grandchild (ignores SIGTERM, sleeps 120 s), writes its pid, then
+# sleeps SECONDS itself
+_SPAWN = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+          "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)']); "
+          "open(sys.argv[1], 'w').write(str(p.pid)); time.sleep(float(sys.argv[2]))")
+
+
+def test_leftovers_of_a_stage_are_killed(tmp_path):
+    """A stage that exits 0 but leaves a process running: the process group is killed after it."""
+    pidfile = tmp_path / "pid"
+    stage = rs.Stage("leaves", ("python3", "-c", _SPAWN, str(pidfile), "0"), "LEAVES_TMO", 60, 1, kind="bench")
+    r = _runner(tmp_path, stage)
+    assert r.run() == 0
+    assert r.rc["leaves"] == 0
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_a_stage_past_its_limit_is_stopped(tmp_path):
+    pidfile = tmp_path / "pid"
+    stage = rs.Stage("hangs", ("python3", "-c", _SPAWN, str(pidfile), "120"), "HANGS_TMO", 2, 1, kind="bench")
+    r = _runner(tmp_path, stage)
+    t0 = time.time()
+    assert r.run() == 1
+    assert r.rc["hangs"] == 124 and time.time() - t0 < 60
+    assert not _alive(int(pidfile.read_text()))
+    assert re.search(r"== stage hangs: rc=124 in \d+s \(limit 2s\) TIMED OUT", (tmp_path / "w" / "summary.txt").read_text())
+
+
+def test_the_budget_caps_limits_and_skips_stages(tmp_path):
+    """No stage runs past TOTAL_S - RESERVE_S: the limit is cut to what is left, and a stage with
+    under 30 s left is skipped, which fails the job."""
+    stage = rs.Stage("quick", ("python3", "-c", "pass"), "QUICK_TMO", 500, 1, kind="bench")
+    r = _runner(tmp_path, stage, total_s=100, reserve_s=10)
+    assert r.run() == 0
+    assert "== stage quick: rc=0" in (tmp_path / "w" / "summary.txt").read_text()
+    assert any(f"(limit {n}s)" in (tmp_path / "w" / "summary.txt").read_text() for n in (88, 89, 90))
+    r = _runner(tmp_path, stage, total_s=100, reserve_s=75)
+    assert r.run() == 1
+    assert r.rc["quick"] == "skipped"
+    assert re.search(r"== stage quick: SKIPPED \(2[45]s left of TOTAL_S=100\)", (tmp_path / "w" / "summary.txt").read_text())
+
+
+def test_bench_suite_dry_run_is_quick(tmp_path, gpu_job_dry):
+    """``SUITE=bench`` under ``DRY_RUN=1``: bench_verify.py --dry-run --quick prints the three
+    engines' kwargs on the small model; no pytest-result line for it."""
+    p, summary = gpu_job_dry(timeout=300, SUITE="bench")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "stages: bench=0" in summary and "-- bench:" not in summary
+    log = (tmp_path / "gpujob" / "logs" / "bench.log").read_text()
+    lines = [ln for ln in log.splitlines() if ln.startswith("DRYRUN ")]
+    assert [ln.split(":")[0] for ln in lines] == ["DRYRUN ours", "DRYRUN upstream", "DRYRUN plain"], log
+    assert all("llama-small" in ln for ln in lines), log
