@@ -11,16 +11,15 @@ Two kinds of verify attention inside ``VerifyCudaGraphRunner``'s graphs:
   FlashMLA take ``num_draft_tokens`` queries per request over a split-KV paged cache; SGLang's
   ``flashinfer`` factory gives MLA models ``FlashInferMLAAttnBackend``, a split-KV MLA decode),
   so the runner keeps it and adds what it owns: bucket policy, padded rows neutralised, every
-  fallback counted with its reason, the self-test. flashmla and flashinfer ran on the H200 (run 9,
-  ``docs/benchmarks.md`` section 7: self-test, parity, ours / upstream 0.98-1.02); fa3 did not
-  (its kernel library cannot be carried there). FlashInfer for MHA
+  fallback counted with its reason, the self-test (flashmla and flashinfer are GPU-tested, fa3
+  is wired and CPU-tested only; ``docs/testing.md``). FlashInfer for MHA
   targets (``FlashInferAttnBackend``: a prefill kernel with a tree mask) is not served.
 
 ``flashmla`` serves MLA only. An MHA EAGLE-3 draft (``LlamaForCausalLMEagle3``) inherits the
 target's backend unless ``--speculative-draft-attention-backend`` says otherwise, and SGLang
 0.5.16 then fails at draft backend init (``'ModelConfig' object has no attribute
-'kv_lora_rank'``, issue #3 trap (b)): :func:`check_draft_backend` stops the launch first.
-(``flashinfer`` builds the MHA backend for an MHA draft, so the trap does not apply there.)
+'kv_lora_rank'``): :func:`check_draft_backend` stops the launch first. (``flashinfer`` builds
+the MHA backend for an MHA draft, so that failure does not happen there.)
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import json
 import os
 from typing import Any, Optional, Tuple
 
-from sglang_verify_graph.config import VerifyGraphConfigError
+from sglang_verify_graph.errors import VerifyGraphConfigError
 
 CHAIN_BACKENDS: Tuple[str, ...] = ("triton",)
 """Backends whose TARGET_VERIFY the plugin replaces with the split-KV chain kernel."""
@@ -65,8 +64,8 @@ def verify_attention_kind(backend: str) -> str:
     raise KeyError(backend)
 
 
-def check_attention(sa: Any) -> Tuple[str, str]:
-    """The resolved verify backend of server args ``sa`` and its kind (``"chain"``/``"native"``).
+def check_attention(server_args: Any) -> Tuple[str, str]:
+    """The resolved verify backend of ``server_args`` and its kind (``"chain"``/``"native"``).
 
     Prefill and decode must resolve to the same supported backend (a hybrid backend could route
     TARGET_VERIFY through either phase's backend).
@@ -74,25 +73,25 @@ def check_attention(sa: Any) -> Tuple[str, str]:
     Raises:
         VerifyGraphConfigError: an unsupported override or base backend, or prefill != decode.
     """
-    base = getattr(sa, "attention_backend", None)
+    base = getattr(server_args, "attention_backend", None)
     for flag, field in (
         ("--prefill-attention-backend", "prefill_attention_backend"),
         ("--decode-attention-backend", "decode_attention_backend"),
     ):
-        override = getattr(sa, field, None)
+        override = getattr(server_args, field, None)
         if override and override not in SUPPORTED:
             raise VerifyGraphConfigError(
                 f"supports the {_NAMES} attention backends for target verify", flag, override,
                 f"pass {flag} triton or remove it")
-    prefill = getattr(sa, "prefill_attention_backend", None) or base
-    decode = getattr(sa, "decode_attention_backend", None) or base
+    prefill = getattr(server_args, "prefill_attention_backend", None) or base
+    decode = getattr(server_args, "decode_attention_backend", None) or base
     if prefill not in SUPPORTED or decode not in SUPPORTED:
         raise VerifyGraphConfigError(
             f"supports the {_NAMES} attention backends for target verify",
             "--attention-backend", base, "pass --attention-backend triton")
     if prefill != decode:
         given = ("--prefill-attention-backend", prefill, decode) if getattr(
-            sa, "prefill_attention_backend", None) else ("--decode-attention-backend", decode, prefill)
+            server_args, "prefill_attention_backend", None) else ("--decode-attention-backend", decode, prefill)
         raise VerifyGraphConfigError(
             f"needs one attention backend for prefill and decode (the other phase uses "
             f"{given[2]}; with two, target verify could run on either)", given[0], given[1],
@@ -119,12 +118,12 @@ def checkpoint_is_mla(path: Optional[str]) -> Optional[bool]:
     return cfg.get("kv_lora_rank") is not None
 
 
-def check_target(sa: Any, backend: str) -> None:
+def check_target(server_args: Any, backend: str) -> None:
     """Raises VerifyGraphConfigError when ``backend`` is in :data:`MLA_TARGET_ONLY` and the target
     (``--model-path``, when a local folder) is not an MLA model."""
     if backend not in MLA_TARGET_ONLY:
         return
-    if checkpoint_is_mla(getattr(sa, "model_path", None)) is not False:
+    if checkpoint_is_mla(getattr(server_args, "model_path", None)) is not False:
         return
     raise VerifyGraphConfigError(
         f"serves {backend} verify only for MLA targets (DeepSeek-V3 / Kimi-K2.5 class); this "
@@ -132,8 +131,8 @@ def check_target(sa: Any, backend: str) -> None:
         "pass --attention-backend triton (or fa3)")
 
 
-def check_draft_backend(sa: Any, backend: str) -> None:
-    """Trap (b) of issue #3: an MHA draft on an MLA-only target backend.
+def check_draft_backend(server_args: Any, backend: str) -> None:
+    """Refuse an MHA draft on an MLA-only target backend.
 
     Raises:
         VerifyGraphConfigError: ``backend`` is in :data:`MLA_ONLY_BACKENDS`, the draft is a local
@@ -142,10 +141,10 @@ def check_draft_backend(sa: Any, backend: str) -> None:
     """
     if backend not in MLA_ONLY_BACKENDS:
         return
-    draft_backend = getattr(sa, "speculative_draft_attention_backend", None)
+    draft_backend = getattr(server_args, "speculative_draft_attention_backend", None)
     if draft_backend and draft_backend not in MLA_ONLY_BACKENDS:
         return
-    if checkpoint_is_mla(getattr(sa, "speculative_draft_model_path", None)) is not False:
+    if checkpoint_is_mla(getattr(server_args, "speculative_draft_model_path", None)) is not False:
         return
     raise VerifyGraphConfigError(
         f"the EAGLE-3 draft is an MHA model and cannot run on {backend}, which serves MLA only "

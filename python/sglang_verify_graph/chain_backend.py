@@ -4,8 +4,8 @@ the split-KV chain kernel (``sgl_verify_kernel``), for MHA/GQA (Llama) and absor
 512-wide latent).
 
 It is installed as the *target* model runner's attention backend (SGLang's own
-``register_attention_backend("triton")`` registry, see ``sglang_adapter``), so the graph and the
-rare eager verify (a batch above the largest bucket) use the same kernel, and nothing reads a
+``register_attention_backend("triton")`` registry, see ``plugin.triton_factory``), so the graph
+and the rare eager verify (a batch above the largest bucket) use the same kernel, and nothing reads a
 tree mask: with ``speculative_eagle_topk == 1`` the draft tree is a causal chain. Every other
 forward mode (prefill, draft extend, decode) is SGLang's triton backend unchanged.
 
@@ -29,8 +29,9 @@ from sgl_verify_kernel import (
     choose_num_kv_splits,
     workspace_numel,
 )
-from sglang_verify_graph import sglang_adapter as sa
-from sglang_verify_graph.config import VerifyGraphConfig, VerifyGraphConfigError
+from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.config import VerifyGraphConfig
+from sglang_verify_graph.errors import VerifyGraphConfigError
 
 logger = logging.getLogger("sglang_verify_graph")
 
@@ -55,7 +56,7 @@ class ChainMetadata:
     att_lse: torch.Tensor  # fp32 scratch
 
 
-class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
+class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
     """TritonAttnBackend whose TARGET_VERIFY is the chain kernel. Raises VerifyGraphConfigError
     at construction when the model uses a feature the chain kernel does not serve."""
 
@@ -65,7 +66,7 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
         problems = []
         if self.sliding_window_size is not None and self.sliding_window_size > 0:
             problems.append("sliding-window attention")
-        if self.use_sliding_window_kv_pool or sa.kv_translation_active(self):
+        if self.use_sliding_window_kv_pool or adapter.kv_translation_active(self):
             problems.append("hybrid / unified KV pool")
         if self.dcp_size > 1:
             problems.append("decode context parallelism")
@@ -92,7 +93,6 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
         )
         self._chain_static: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._chain_meta: Optional[ChainMetadata] = None
-        self.selftest_eager = False  # set by selftest.GraphSelfTest around its eager reference
         logger.info("chain verify attention: %s (%s)", self.chain_shape,
                     "absorbed MLA" if self.use_mla else "MHA/GQA")
 
@@ -146,10 +146,9 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
             att_lse = torch.empty(n_lse, dtype=torch.float32, device=self.device)
         self._chain_meta = ChainMetadata(forward_batch.req_pool_indices, forward_batch.seq_lens,
                                          self.num_kv_splits_for(bs), att_out, att_lse)
-        # (an eager verify here is counted as a fallback by VerifyCudaGraphRunner's wrapper)
 
     def get_verify_buffers_to_fill_after_draft(self):
-        # No tree-mask scratch: the chain needs no mask (see sglang_adapter.build_verify_input_hook).
+        # No tree-mask scratch: the chain needs no mask (see plugin.build_verify_input_hook).
         return [None, None]
 
     # ---- the forward ----------------------------------------------------------------------
@@ -173,9 +172,9 @@ class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):
                                f"{unsupported or 'no fresh K/V'}; remove --enable-verify-cuda-graph")
         meta = self._chain_meta
         if save_kv_cache:
-            self._set_kv_buffer(forward_batch, layer, sa.kv_write_loc(forward_batch), k, v)
+            self._set_kv_buffer(forward_batch, layer, adapter.kv_write_loc(forward_batch), k, v)
         o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
-        cap = sa.logit_cap(layer)
+        cap = adapter.logit_cap(layer)
         chain_verify_attention_fwd(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),

@@ -1,6 +1,6 @@
 """Command-line hooks for ``--enable-verify-cuda-graph``.
 
-The adapter registers these with sglang's ``HookRegistry``
+``plugin.py`` installs these with sglang's ``HookRegistry``
 (``sglang.srt.plugins.hook_registry``), whose wrappers call
 
 * AFTER hooks as ``hook(result, *args, **kwargs)``,
@@ -21,7 +21,6 @@ point for both the CLI (``python -m sglang.launch_server ... --enable-verify-cud
 Python API (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` + ``sglang.Engine(**kwargs)``): the place where
 that SGLang version resolves the server arguments. On 0.5.23 validation reads the resolved view
 (``sglang_adapter.resolved``), since the record's fields keep the raw input.
-This module imports nothing from ``sglang.srt`` at module level.
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from .config import (
+from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.config import (
     ATTR_CONFIG,
     ATTR_ENABLE,
     ENV_ENABLE,
@@ -79,11 +79,6 @@ def profile_every_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
     return value
 
-
-def _adapter():
-    from sglang_verify_graph import sglang_adapter
-
-    return sglang_adapter
 
 HELP = (
     "Replay the EAGLE-3 target verify of a linear draft chain through a dedicated "
@@ -172,10 +167,10 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
         server_args = original(cls, args)
         if requested:
             setattr(server_args, ATTR_ENABLE, True)
-            if _adapter().VALIDATES_AT_CONSTRUCTION:
+            if adapter.VALIDATES_AT_CONSTRUCTION:
                 # Validate here too, in case no post-init hook is installed.
                 post_init_hook(None, server_args)
-        if not _adapter().VALIDATES_AT_CONSTRUCTION and (requested or os.environ.get(ENV_ENABLE)):
+        if not adapter.VALIDATES_AT_CONSTRUCTION and (requested or os.environ.get(ENV_ENABLE)):
             # 0.5.23: the record is still unresolved; resolve_once_hook validates it later.
             setattr(server_args, ATTR_FROM_CLI, True)
     except VerifyGraphConfigError as err:
@@ -209,7 +204,7 @@ def post_init_hook(result: Any, server_args: Any) -> None:
     model_path = getattr(server_args, "model_path", None)
     if isinstance(model_path, str) and model_path.lower() in UNRESOLVED_MODEL_PATHS:
         return None
-    config: Optional[VerifyGraphConfig] = build_config(_adapter().resolved(server_args))
+    config: Optional[VerifyGraphConfig] = build_config(adapter.resolved(server_args))
     if config is not None:
         setattr(server_args, ATTR_ENABLE, True)
         setattr(server_args, ATTR_CONFIG, config)

@@ -16,42 +16,27 @@ Two channels carry "the flag is on":
   turn the feature on, since ``Engine`` rejects unknown keyword arguments; it
   is inherited by spawned scheduler processes).
 
-All environment reading of the project happens in :func:`read_env`.
+All environment reading of the project happens in ``env.read_env`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Mapping, Optional, Tuple
 
-FLAG = "--enable-verify-cuda-graph"
-"""The command-line flag this plugin adds to SGLang's server arguments."""
-
-ENV_ENABLE = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
-"""Environment variable that turns the feature on (``1``/``true``/``yes``/``on``)."""
-
-ENV_NUM_KV_SPLITS = "SGLANG_VERIFY_GRAPH_NUM_KV_SPLITS"
-"""Optional positive int: override the number of KV splits of the verify attention."""
-
-ENV_LOG_EVERY = "SGLANG_VERIFY_GRAPH_LOG_EVERY"
-"""Non-negative int: verify steps between counter log lines (0 = never log)."""
-
-ENV_PROFILE_EVERY = "SGLANG_VERIFY_GRAPH_PROFILE_EVERY"
-"""Non-negative int: EAGLE cycles between per-phase profile log lines (0 = profile off).
-Independent of :data:`ENV_ENABLE` (upstream's verify path can be profiled too)."""
-
-ENV_SELFTEST = "SGLANG_VERIFY_GRAPH_SELFTEST"
-"""Boolean: run the in-server graph-vs-eager self-test on every replay (GPU tests only; slow)."""
-
-ENV_SELFTEST_NAN = "SGLANG_VERIFY_GRAPH_SELFTEST_NAN"
-"""Boolean, with :data:`ENV_SELFTEST` only: during each replay of our graph the embedding row of
-the padding token holds NaN, so every padded row carries NaN through every layer; the self-test
-then checks that real rows stay finite and equal to eager (GPU tests only)."""
-
-ENV_SYNC_CHECK = "SGLANG_VERIFY_GRAPH_SYNC_CHECK"
-"""Boolean: count synchronizing CUDA calls inside each EAGLE verify step (``sync_check.py``;
-tests only). Independent of :data:`ENV_ENABLE` (upstream's verify can be checked too)."""
+from sglang_verify_graph.backends import check_attention, check_draft_backend, check_target
+from sglang_verify_graph.env import (  # noqa: F401 (re-exported: config is the settings' API)
+    ENV_ENABLE,
+    ENV_LOG_EVERY,
+    ENV_NUM_KV_SPLITS,
+    ENV_PROFILE_EVERY,
+    ENV_SELFTEST,
+    ENV_SELFTEST_NAN,
+    ENV_SYNC_CHECK,
+    EnvSettings,
+    read_env,
+)
+from sglang_verify_graph.errors import FLAG, VerifyGraphConfigError  # noqa: F401 (re-exported)
 
 ATTR_ENABLE = "_enable_verify_cuda_graph"
 """Underscore attribute set to ``True`` on an enabled ``ServerArgs`` object."""
@@ -68,135 +53,6 @@ SUPPORTED_SPECULATIVE_ALGORITHMS: Tuple[str, ...] = ("EAGLE3", "EAGLE")
 
 # ``ServerArgs.__post_init__`` returns before any resolution for these paths.
 UNRESOLVED_MODEL_PATHS: Tuple[str, ...] = ("none", "dummy")
-
-_TRUE = ("1", "true", "yes", "on")
-_EXPLICIT_FALSE = ("0", "false", "no", "off")
-_FALSE = ("",) + _EXPLICIT_FALSE
-
-
-class VerifyGraphConfigError(ValueError):
-    """A server setting that ``--enable-verify-cuda-graph`` cannot work with.
-
-    Attributes:
-        problem: what is wrong, e.g. ``"needs a linear draft chain"``.
-        flag: the conflicting flag (``"--speculative-eagle-topk"``) or
-            environment variable name.
-        value: the offending value as given/resolved (any type, shown with ``str``).
-        fix: what to do, e.g. ``"pass --speculative-eagle-topk 1"``.
-
-    ``str(err)`` is one line:
-    ``--enable-verify-cuda-graph: <problem> (<flag> = <value>). Fix: <fix>.``
-    """
-
-    def __init__(self, problem: str, flag: str, value: Any, fix: str):
-        self.problem = _one_line(problem)
-        self.flag = _one_line(flag)
-        self.value = value
-        self.fix = _one_line(fix).rstrip(".")
-        super().__init__(
-            f"{FLAG}: {self.problem} ({self.flag} = {_one_line(str(value))}). "
-            f"Fix: {self.fix}."
-        )
-
-    def __reduce__(self):  # picklable across processes despite the custom __init__
-        return (type(self), (self.problem, self.flag, self.value, self.fix))
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSettings:
-    """The project's environment variables, parsed.
-
-    Attributes:
-        enable: :data:`ENV_ENABLE` is set to a true value.
-        num_kv_splits: :data:`ENV_NUM_KV_SPLITS` (count of KV splits, >= 1), or
-            ``None`` to let the runner choose.
-        log_every: :data:`ENV_LOG_EVERY` (verify steps between counter log lines;
-            0 = off).
-        selftest: :data:`ENV_SELFTEST` is set to a true value.
-        selftest_nan: :data:`ENV_SELFTEST_NAN` is set to a true value.
-        sync_check: :data:`ENV_SYNC_CHECK` is set to a true value.
-        profile_every: :data:`ENV_PROFILE_EVERY` (EAGLE cycles between per-phase profile log
-            lines; 0 = profile off).
-        enable_set_off: :data:`ENV_ENABLE` is set to an explicit false value (``0``/``false``/
-            ``no``/``off``), not merely unset or empty: together with the command-line flag that is
-            a conflict (``cli.from_cli_args_hook`` refuses it).
-    """
-
-    enable: bool = False
-    num_kv_splits: Optional[int] = None
-    log_every: int = 0
-    selftest: bool = False
-    profile_every: int = 0
-    enable_set_off: bool = False
-    selftest_nan: bool = False
-    sync_check: bool = False
-
-
-def _parse_bool(environ: Mapping[str, str], name: str) -> bool:
-    raw = environ.get(name, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise VerifyGraphConfigError(
-        "unrecognised boolean environment value", name, repr(raw),
-        f"set {name}=1 to enable or unset it",
-    )
-
-
-def _parse_int(
-    environ: Mapping[str, str], name: str, minimum: int, default: Optional[int]
-) -> Optional[int]:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise VerifyGraphConfigError(
-            f"environment value must be an integer >= {minimum}", name, repr(raw),
-            f"set {name} to an integer >= {minimum} or unset it",
-        )
-    return value
-
-
-def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
-    """Read every environment variable of this project (the only place that does).
-
-    Args:
-        environ: mapping to read; defaults to ``os.environ`` (read at call time).
-
-    Returns:
-        The parsed :class:`EnvSettings`.
-
-    Raises:
-        VerifyGraphConfigError: a variable is malformed (non-boolean
-            :data:`ENV_ENABLE`, non-integer or out-of-range
-            :data:`ENV_NUM_KV_SPLITS` (< 1), :data:`ENV_LOG_EVERY` or
-            :data:`ENV_PROFILE_EVERY` (< 0)).
-            These variables belong to this plugin, so a typo fails loudly even
-            while the flag is off.
-    """
-    if environ is None:
-        environ = os.environ
-    return EnvSettings(
-        enable=_parse_bool(environ, ENV_ENABLE),
-        num_kv_splits=_parse_int(environ, ENV_NUM_KV_SPLITS, 1, None),
-        log_every=_parse_int(environ, ENV_LOG_EVERY, 0, 0),
-        selftest=_parse_bool(environ, ENV_SELFTEST),
-        profile_every=_parse_int(environ, ENV_PROFILE_EVERY, 0, 0),
-        enable_set_off=environ.get(ENV_ENABLE, "").strip().lower() in _EXPLICIT_FALSE,
-        selftest_nan=_parse_bool(environ, ENV_SELFTEST_NAN),
-        sync_check=_parse_bool(environ, ENV_SYNC_CHECK),
-    )
-
 
 def is_enabled(server_args: Any, env: Optional[EnvSettings] = None) -> bool:
     """Whether ``--enable-verify-cuda-graph`` is on for these server args.
@@ -269,8 +125,8 @@ class VerifyGraphConfig:
     verify_attention: str = "chain"
 
 
-def _check_algorithm(sa: Any) -> str:
-    algo = getattr(sa, "speculative_algorithm", None)
+def _check_algorithm(server_args: Any) -> str:
+    algo = getattr(server_args, "speculative_algorithm", None)
     name = algo.upper() if isinstance(algo, str) else algo
     if name == "NEXTN":  # what sglang's own alias resolution does
         name = "EAGLE"
@@ -284,26 +140,26 @@ def _check_algorithm(sa: Any) -> str:
     return name
 
 
-def _check_steps(sa: Any) -> Tuple[int, int, int]:
-    topk = getattr(sa, "speculative_eagle_topk", None)
+def _check_steps(server_args: Any) -> Tuple[int, int, int]:
+    topk = getattr(server_args, "speculative_eagle_topk", None)
     if topk != 1:
         raise VerifyGraphConfigError(
             "supports only a linear draft chain (top-k 1)", "--speculative-eagle-topk",
             topk, "pass --speculative-eagle-topk 1",
         )
-    if getattr(sa, "speculative_adaptive", False):
+    if getattr(server_args, "speculative_adaptive", False):
         raise VerifyGraphConfigError(
             "does not support adaptive speculative decoding (it swaps the verify "
             "graph runner per step)", "--speculative-adaptive", True,
             "remove --speculative-adaptive",
         )
-    steps = getattr(sa, "speculative_num_steps", None)
+    steps = getattr(server_args, "speculative_num_steps", None)
     if not isinstance(steps, int) or steps < 1:
         raise VerifyGraphConfigError(
             "needs at least one draft step", "--speculative-num-steps", steps,
             "pass --speculative-num-steps N with N >= 1 (e.g. 3)",
         )
-    ndt = getattr(sa, "speculative_num_draft_tokens", None)
+    ndt = getattr(server_args, "speculative_num_draft_tokens", None)
     if ndt != steps + 1:
         raise VerifyGraphConfigError(
             f"with top-k 1 the draft-token count must be num_steps + 1 = {steps + 1}",
@@ -313,8 +169,8 @@ def _check_steps(sa: Any) -> Tuple[int, int, int]:
     return steps, topk, ndt
 
 
-def _decode_graph_backend(sa: Any) -> Optional[str]:
-    cfg = getattr(sa, "cuda_graph_config", None)
+def _decode_graph_backend(server_args: Any) -> Optional[str]:
+    cfg = getattr(server_args, "cuda_graph_config", None)
     decode = getattr(cfg, "decode", None)
     if decode is None and isinstance(cfg, Mapping):
         decode = cfg.get("decode")
@@ -323,14 +179,14 @@ def _decode_graph_backend(sa: Any) -> Optional[str]:
     return getattr(decode, "backend", None)
 
 
-def _check_cuda_graph(sa: Any) -> Optional[str]:
-    backend = _decode_graph_backend(sa)
+def _check_cuda_graph(server_args: Any) -> Optional[str]:
+    backend = _decode_graph_backend(server_args)
     candidates = (
-        ("--cuda-graph-backend-decode", getattr(sa, "cuda_graph_backend_decode", None) == "disabled",
+        ("--cuda-graph-backend-decode", getattr(server_args, "cuda_graph_backend_decode", None) == "disabled",
          "disabled", "remove --cuda-graph-backend-decode disabled"),
-        ("--disable-decode-cuda-graph", bool(getattr(sa, "disable_decode_cuda_graph", False)),
+        ("--disable-decode-cuda-graph", bool(getattr(server_args, "disable_decode_cuda_graph", False)),
          True, "remove --disable-decode-cuda-graph"),
-        ("--disable-cuda-graph", bool(getattr(sa, "disable_cuda_graph", False)),
+        ("--disable-cuda-graph", bool(getattr(server_args, "disable_cuda_graph", False)),
          True, "remove --disable-cuda-graph"),
     )
     if backend is None:  # unresolved object: judge by the raw flags alone
@@ -353,13 +209,13 @@ def _check_cuda_graph(sa: Any) -> Optional[str]:
     )
 
 
-def _check_parallel(sa: Any) -> None:
-    dp = getattr(sa, "enable_dp_attention", False)
+def _check_parallel(server_args: Any) -> None:
+    dp = getattr(server_args, "enable_dp_attention", False)
     # sglang 0.5.23 spells DP attention --attn-dp-size N (and resolves the deprecated
     # --enable-dp-attention into it); 0.5.16 has no such field.
-    attn_dp = getattr(sa, "attn_dp_size", 1) or 1
-    pp = getattr(sa, "pp_size", 1) or 1
-    tbo = getattr(sa, "enable_two_batch_overlap", False)
+    attn_dp = getattr(server_args, "attn_dp_size", 1) or 1
+    pp = getattr(server_args, "pp_size", 1) or 1
+    tbo = getattr(server_args, "enable_two_batch_overlap", False)
     checks = (
         ("--enable-dp-attention", bool(dp), dp, "DP attention", "remove --enable-dp-attention"),
         ("--attn-dp-size", attn_dp > 1, attn_dp, "DP attention", "use --attn-dp-size 1"),
@@ -375,11 +231,11 @@ def _check_parallel(sa: Any) -> None:
 _KV_DTYPES_SERVED = ("auto", "bfloat16", "bf16", "float16", "fp16", "half")
 
 
-def _check_kv_cache(sa: Any) -> None:
+def _check_kv_cache(server_args: Any) -> None:
     """Settings the chain verify attention cannot serve, caught at launch (not in the scheduler)."""
-    kv = str(getattr(sa, "kv_cache_dtype", "auto") or "auto")
-    det = getattr(sa, "enable_deterministic_inference", False)
-    page_major = getattr(sa, "enable_page_major_kv_layout", False)
+    kv = str(getattr(server_args, "kv_cache_dtype", "auto") or "auto")
+    det = getattr(server_args, "enable_deterministic_inference", False)
+    page_major = getattr(server_args, "enable_page_major_kv_layout", False)
     checks = (
         ("--kv-cache-dtype", kv not in _KV_DTYPES_SERVED, kv, "a quantized KV cache",
          "use --kv-cache-dtype auto"),
@@ -424,8 +280,6 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         return None
     algo = _check_algorithm(server_args)
     steps, topk, ndt = _check_steps(server_args)
-    from sglang_verify_graph.backends import check_attention, check_draft_backend, check_target
-
     attention, verify_attention = check_attention(server_args)
     check_target(server_args, attention)
     check_draft_backend(server_args, attention)

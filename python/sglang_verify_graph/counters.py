@@ -66,7 +66,9 @@ class VerifyCounters:
         self._maybe_log()
 
     def count_eager_verify(self) -> None:
-        """One TARGET_VERIFY forward ran eagerly; logs the reason (WARNING the first time per reason)."""
+        """One TARGET_VERIFY forward did not replay our graph (``plugin.forward_raw_hook``); counts
+        it under the reason ``can_run_graph`` recorded last (``REASON_OTHER`` when none) and logs it
+        (WARNING the first time per reason and every 1000th)."""
         reason = self._last_reason or REASON_OTHER
         with self._lock:
             self.fallbacks[reason] += 1
@@ -125,7 +127,7 @@ def eager_cliff_warning(max_running_requests, capture_bs) -> "str | None":
     Returns:
         ``None`` when every batch up to ``max_running_requests`` replays a graph, else one line
         naming the eager range, the fallback reason it will be counted under and the flag that
-        closes it (the 5-6x eager cliff of ``../shared/docs/bug_log.md`` 2).
+        closes it (an eager verify costs several graphed ones).
     """
     if not capture_bs or not max_running_requests:
         return None

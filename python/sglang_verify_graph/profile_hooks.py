@@ -1,9 +1,8 @@
-"""The per-phase profile's SGLang hooks (``--verify-graph-profile-every N``), registered by
-``sglang_adapter.register`` where ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0, with or without the
-flag. AROUND hooks on ``EAGLEWorkerV2.forward_batch_generation`` (one cycle per decode batch),
+"""Bodies of the per-phase profile's SGLang hooks (``--verify-graph-profile-every N``), installed
+by ``plugin.py`` where ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0, with or without the flag:
+AROUND hooks on ``EAGLEWorkerV2.forward_batch_generation`` (one cycle per decode batch),
 ``EagleDraftWorker.draft``, ``EAGLEWorkerV2.verify`` and ``EagleDraftWorker._draft_extend_for_decode``
-(target names in ``sglang_adapter``); the timing itself is ``profile.PhaseProfiler``. Imports no
-``sglang.srt`` module (the adapter supplies the hook types, targets and the resolved-args view).
+(target names in ``sglang_adapter``); the timing itself is ``profile.PhaseProfiler``.
 """
 
 from __future__ import annotations
@@ -11,14 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from sglang_verify_graph.sglang_adapter import (
-    CYCLE,
-    DRAFT,
-    DRAFT_EXTEND,
-    VERIFY,
-    HookType,
-    resolved,
-)
+from sglang_verify_graph import metrics as metrics_module
+from sglang_verify_graph import profile
+from sglang_verify_graph.config import read_env
+from sglang_verify_graph.counters import get_counters
+from sglang_verify_graph.sglang_adapter import resolved
 
 logger = logging.getLogger("sglang_verify_graph")
 
@@ -49,15 +45,11 @@ def profiler_for(worker):
     """The process's PhaseProfiler (made on first use from the worker's settings)."""
     global _PROFILER
     if _PROFILER is None:
-        from sglang_verify_graph import profile
-        from sglang_verify_graph.config import read_env
-        from sglang_verify_graph.counters import get_counters
-
         every = read_env().profile_every
-        sa = getattr(worker, "server_args", None)
+        server_args = getattr(worker, "server_args", None)
         metrics = None
-        if sa is not None and getattr(resolved(sa), "enable_metrics", False):
-            metrics = profile.prometheus_metrics()
+        if server_args is not None and getattr(resolved(server_args), "enable_metrics", False):
+            metrics = metrics_module.prometheus_metrics()
         _PROFILER = profile.PhaseProfiler(
             max(1, every), rank=_rank_of(worker), event_factory=profile.default_event_factory(),
             counters=get_counters, metrics=metrics)
@@ -141,12 +133,3 @@ def _phase_hook(phase: str) -> Callable:
 profile_draft_hook = _phase_hook("draft")
 profile_verify_hook = _phase_hook("verify")
 profile_draft_extend_hook = _phase_hook("draft_extend")
-
-
-def profile_hooks() -> list[tuple[str, Callable, HookType]]:
-    return [
-        (CYCLE, profile_cycle_hook, HookType.AROUND),
-        (DRAFT, profile_draft_hook, HookType.AROUND),
-        (VERIFY, profile_verify_hook, HookType.AROUND),
-        (DRAFT_EXTEND, profile_draft_extend_hook, HookType.AROUND),
-    ]

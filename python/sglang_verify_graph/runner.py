@@ -11,8 +11,11 @@ pool, replay. What differs from upstream's graphed TARGET_VERIFY:
   native backends of ``backends.py`` (fa3; flashmla and flashinfer on MLA targets), the backend's own
   decode-class verify kernel (flashmla and flashinfer run on the H200; fa3 not run);
 * no per-replay attention metadata (no kv_indices build, no mask copy);
-* every replay and every eager fallback is counted, each fallback with its reason, and the
-  counters are served by ``/get_server_info``.
+* every replay is counted here and every eager fallback where SGLang dispatches it
+  (``plugin.forward_raw_hook``), under the reason :meth:`VerifyCudaGraphRunner.refusal_reason`
+  gives; the counters are served by ``/get_server_info``;
+* debug aids (the self-test) are probe objects (``selftest.VerifyProbe``) that do nothing by
+  default.
 
 Errors: ``RuntimeError`` when installed on a runner that is not an EAGLE topk=1 target with
 the chain backend or a configured native backend (a wiring bug, never silently ignored).
@@ -23,17 +26,17 @@ from __future__ import annotations
 import logging
 import time
 
-from sglang_verify_graph import sglang_adapter as sa
+from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.buffers import PAD_TOKEN_ID, VerifyStaticBuffers
 from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
 from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph import counters as C
-from sglang_verify_graph.selftest import GraphSelfTest
+from sglang_verify_graph.selftest import NO_PROBE, GraphSelfTest
 
 logger = logging.getLogger("sglang_verify_graph")
 
 
-class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
+class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):
     """Captures one TARGET_VERIFY graph per bucket of ``capture_bs`` requests x
     ``num_draft_tokens`` tokens and replays it for every verify step that fits."""
 
@@ -44,7 +47,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
             raise RuntimeError(f"VerifyCudaGraphRunner needs ChainVerifyTritonBackend, got {type(backend).__name__}")
         self.verify_cfg = cfg
         self.counters = counters
-        self.selftest = None  # set after capture (capture never loads a batch)
+        self.probe = NO_PROBE  # capture never loads a batch; the self-test starts after it
         t0 = time.perf_counter()
         super().__init__(model_runner)  # builds buffers and captures (largest bucket first)
         if not self.capture_forward_mode.is_target_verify() or self.captured_req_width != cfg.num_draft_tokens:
@@ -55,7 +58,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         self.static_buffers = VerifyStaticBuffers(
             max_bs=self.max_bs, num_draft_tokens=cfg.num_draft_tokens,
             hidden_size=model_runner.model_config.hidden_size,
-            num_aux_hidden=sa.num_aux_hidden_states(model_runner),
+            num_aux_hidden=adapter.num_aux_hidden_states(model_runner),
             vocab_size=model_runner.model_config.vocab_size,
             chain_out_numel=n_out, chain_lse_numel=n_lse,
         )
@@ -66,23 +69,8 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         counters.attention = (f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})" if self.chain
                               else f"native {cfg.attention_backend} ({type(backend).__name__})")
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
-        self.selftest = GraphSelfTest(self, inject_nan=cfg.selftest_nan) if cfg.selftest else None
-        self._count_eager_verify(backend)
-
-    def _count_eager_verify(self, backend) -> None:
-        """Count each eager TARGET_VERIFY (a batch ``can_run_graph`` refused) under the refusal
-        reason, for the chain backend and the native ones alike, by wrapping the target backend's
-        ``init_forward_metadata`` (graph replays never call it; the self-test's own eager
-        reference sets ``selftest_eager`` and is not counted)."""
-        original, counters = backend.init_forward_metadata, self.counters
-
-        def init_forward_metadata(forward_batch):
-            if (forward_batch.forward_mode.is_target_verify()
-                    and not getattr(backend, "selftest_eager", False)):
-                counters.count_eager_verify()
-            return original(forward_batch)
-
-        backend.init_forward_metadata = init_forward_metadata
+        if cfg.selftest:
+            self.probe = GraphSelfTest(self, inject_nan=cfg.selftest_nan)
 
     # ---- policy ---------------------------------------------------------------------------
     def can_run_graph(self, forward_batch) -> bool:
@@ -107,11 +95,11 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         if bs > self.max_bs:
             return C.REASON_BS_ABOVE_MAX, (f"bs={bs} > max captured {self.max_bs}; raise "
                                            "--cuda-graph-max-bs-decode or lower --max-running-requests")
-        if self.require_mlp_sync and not sa.can_run_dp(forward_batch):
+        if self.require_mlp_sync and not adapter.can_run_dp(forward_batch):
             return C.REASON_DP_SYNC, ""
         if self.enable_two_batch_overlap and not forward_batch.can_run_tbo:
             return C.REASON_TBO, ""
-        if not sa.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE:  # sglang 0.5.23: no hidden-mode refusal
+        if not adapter.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE:  # sglang 0.5.23: no hidden-mode refusal
             return C.REASON_OTHER, ""
         return C.REASON_HIDDEN_MODE, f"graph captured {self.capture_hidden_mode.name}"
 
@@ -124,9 +112,8 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
 
     def load_batch(self, forward_batch, pp_proxy_tensors=None):
         full_fill = forward_batch.needs_forward_metadata_init()  # else: pre-planned re-entry
-        if self.selftest is not None and full_fill:
-            self.selftest.restore_nan()  # never let an injection outlive its cycle
-            self.selftest.poison(self)
+        if full_fill:
+            self.probe.before_load(self, forward_batch)
         super().load_batch(forward_batch, pp_proxy_tensors)
         # SGLang resets the padded tail of positions / out_cache_loc / req_pool_indices /
         # seq_lens but leaves stale input_ids there (FOREACH_COPY); neutralise it on purpose,
@@ -134,8 +121,8 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         n, padded = self.raw_num_token, self.bs * self.captured_req_width
         if full_fill and padded > n:
             self.buffers.input_ids[n:padded].fill_(PAD_TOKEN_ID)
-        if self.selftest is not None and full_fill:
-            self.selftest.inject_nan(self, forward_batch)
+        if full_fill:
+            self.probe.after_load(self, forward_batch)
 
     def execute(self, forward_batch, pp_proxy_tensors=None):
         if not forward_batch.forward_mode.is_target_verify():
@@ -143,9 +130,7 @@ class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):
         try:
             out = super().execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
         finally:
-            if self.selftest is not None:
-                self.selftest.restore_nan()
+            self.probe.after_enqueue(self)
         self.counters.count_replay(self.bs, self.raw_bs)
-        if self.selftest is not None:
-            self.selftest.compare(self, forward_batch, out)
+        self.probe.after_replay(self, forward_batch, out)
         return out

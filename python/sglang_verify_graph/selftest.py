@@ -1,5 +1,6 @@
-"""In-server self-test of the verify graph (GPU test tier; off unless
-``SGLANG_VERIFY_GRAPH_SELFTEST=1``): for every replayed verify step it
+"""Probes of the verify graph: objects the runner calls around every TARGET_VERIFY replay.
+:data:`NO_PROBE` (the default) does nothing; :class:`GraphSelfTest` is the in-server self-test
+(GPU tests only; ``SGLANG_VERIFY_GRAPH_SELFTEST=1``), which for every replayed verify step
 
 1. poisons every static GPU input buffer (all rows) with an extreme value before ``load_batch``,
    so any padded row the runner fails to neutralise indexes far out of range (device assert /
@@ -26,6 +27,9 @@ from collections import Counter
 
 import torch
 
+from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.buffers import PAD_TOKEN_ID
+
 logger = logging.getLogger("sglang_verify_graph")
 
 POISON = 1 << 40  # far beyond any vocab, position, KV slot or page-table row
@@ -39,11 +43,31 @@ def worst(current: float, new: float) -> float:
     return max(current, new)
 
 
-class GraphSelfTest:
-    def __init__(self, runner, inject_nan: bool = False):
-        from sglang_verify_graph import sglang_adapter as sa
-        from sglang_verify_graph.buffers import PAD_TOKEN_ID
+class VerifyProbe:
+    """What the runner calls around each TARGET_VERIFY replay of a batch it fully loads (not on a
+    pre-planned re-entry); every method of this base does nothing."""
 
+    def before_load(self, runner, forward_batch) -> None:
+        """Before ``load_batch`` fills the static input buffers."""
+
+    def after_load(self, runner, forward_batch) -> None:
+        """After ``load_batch`` (and the padded rows' neutralisation), before the replay."""
+
+    def after_enqueue(self, runner) -> None:
+        """Once the replay is enqueued (also when it raised)."""
+
+    def after_replay(self, runner, forward_batch, graph_out) -> None:
+        """After a successful replay, with its output (real rows only)."""
+
+
+NO_PROBE = VerifyProbe()
+"""The runner's probe unless a debug aid is requested."""
+
+
+class GraphSelfTest(VerifyProbe):
+    """The graph-vs-eager self-test (module docstring); results in ``runner.counters.selftest``."""
+
+    def __init__(self, runner, inject_nan: bool = False):
         self.addresses = {n: getattr(runner.buffers, n).data_ptr() for n in _POISONED}
         self.result = runner.counters.selftest
         self.result.update(checks=0, logits_max_rel_err=0.0, hidden_max_rel_err=0.0,
@@ -51,7 +75,7 @@ class GraphSelfTest:
                            nonfinite_rows=0, nan_injected_replays=0)
         self._bs = Counter()
         self._raw_bs = Counter()
-        self._nan_row = sa.local_embedding_row(runner.model_runner, PAD_TOKEN_ID) if inject_nan else None
+        self._nan_row = adapter.local_embedding_row(runner.model_runner, PAD_TOKEN_ID) if inject_nan else None
         self._saved_row = self._nan_row.clone() if self._nan_row is not None else None
         self._nan_live = False
 
@@ -72,8 +96,6 @@ class GraphSelfTest:
         token itself (it would read the NaN too). Waits for the device first, so no work queued
         earlier on another stream (e.g. the draft, which shares the embedding tensor, under
         ``SGLANG_ENABLE_OVERLAP_PLAN_STREAM``) can see the NaN row."""
-        from sglang_verify_graph.buffers import PAD_TOKEN_ID
-
         if self._nan_row is None or runner.bs <= runner.raw_bs:
             return
         if bool((forward_batch.input_ids[:runner.raw_num_token] == PAD_TOKEN_ID).any()):
@@ -96,29 +118,33 @@ class GraphSelfTest:
         a, b = a.float(), b.float()
         return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
+    # ---- probe hooks ------------------------------------------------------------------------
+    def before_load(self, runner, forward_batch) -> None:
+        self.restore_nan()  # never let an injection outlive its cycle
+        self.poison(runner)
+
+    def after_load(self, runner, forward_batch) -> None:
+        self.inject_nan(runner, forward_batch)
+
+    def after_enqueue(self, runner) -> None:
+        self.restore_nan()
+
+    def after_replay(self, runner, forward_batch, graph_out) -> None:
+        self.compare(runner, forward_batch, graph_out)
+
     def compare(self, runner, forward_batch, graph_out) -> None:
+        """Run the batch eagerly and accumulate the errors of the real rows."""
         backend = runner.model_runner.attn_backend
         logits = graph_out.next_token_logits.clone()
         hidden = graph_out.hidden_states.clone() if graph_out.hidden_states is not None else None
-        if not getattr(runner, "chain", True):  # native backend: its own eager verify
-            backend.selftest_eager = True  # not an eager fallback (runner counts those)
-            try:
-                backend.init_forward_metadata(forward_batch)
-            finally:
-                backend.selftest_eager = False
-            ref = runner.model_runner.model.forward(
-                forward_batch.input_ids, forward_batch.positions, forward_batch)
-        else:
-            backend.selftest_eager = True
-            try:
-                backend.init_forward_metadata(forward_batch)
-                # same split count as the replayed bucket, so attention reduces in the same order
-                backend._chain_meta = dataclasses.replace(
-                    backend._chain_meta, num_kv_splits=backend.num_kv_splits_for(runner.bs))
-                ref = runner.model_runner.model.forward(
-                    forward_batch.input_ids, forward_batch.positions, forward_batch)
-            finally:
-                backend.selftest_eager = False
+        backend.init_forward_metadata(forward_batch)
+        if getattr(runner, "chain", True):
+            # same split count as the replayed bucket, so attention reduces in the same order
+            backend._chain_meta = dataclasses.replace(
+                backend._chain_meta, num_kv_splits=backend.num_kv_splits_for(runner.bs))
+        # The model's own forward, not ModelRunner.forward: not counted as an eager fallback.
+        ref = runner.model_runner.model.forward(
+            forward_batch.input_ids, forward_batch.positions, forward_batch)
         r = self.result
         r["checks"] += 1
         r["rows"] = r.get("rows", 0) + logits.shape[0]

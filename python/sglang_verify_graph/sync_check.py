@@ -9,10 +9,10 @@ which this module counts. The claim it checks (``docs/design.md``, "Host syncs o
 path"): with the overlap scheduler and a backend that needs no CPU sequence lengths (triton), the
 topk=1 verify step has no blocking host sync between the verify forward and acceptance.
 
-It also counts calls of named kernels made inside the step (:meth:`SyncCheck.note`): the adapter
+It also counts calls of named kernels made inside the step (:meth:`SyncCheck.note`): the plugin
 wraps sgl_kernel's ``top_p_renorm_prob`` / ``top_k_renorm_prob``, which SGLang's sampled verify
 (``speculative/eagle_utils.py``) calls only when a request in the batch needs them, so a test can
-show that top_p = 1 runs no top-p renormalisation (issue #6 item 7, sglang#6949).
+show that top_p = 1 runs no top-p renormalisation (sglang#6949).
 
 Limits: the debug mode and ``warnings.catch_warnings`` are process-wide, so a synchronizing call
 of another thread of the scheduler process during the step would be counted too; calls made by

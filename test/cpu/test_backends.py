@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_verify_graph import backends, sglang_adapter
+from sglang_verify_graph import backends, capture
 from sglang_verify_graph.config import EnvSettings, VerifyGraphConfigError, build_config
 
 ON = EnvSettings(enable=True)
@@ -109,17 +109,17 @@ def _model_runner(make_args, backend_obj, mla_draft, **overrides):
 
 
 def test_capture_routing_by_backend_class(make_args, mla_draft, monkeypatch):
-    monkeypatch.setattr(sglang_adapter, "uses_chain_backend", lambda mr: False)
-    assert sglang_adapter.verify_runner_kind(
+    monkeypatch.setattr(capture, "uses_chain_backend", lambda mr: False)
+    assert capture.verify_runner_kind(
         _model_runner(make_args, FlashMLABackend(), mla_draft)) == "native"
     wrapped = _model_runner(make_args, SomeHybridWrapper(), mla_draft)
-    assert sglang_adapter.verify_runner_kind(wrapped) is None
+    assert capture.verify_runner_kind(wrapped) is None
     with pytest.raises(VerifyGraphConfigError) as info:
-        sglang_adapter.refuse_if_flag_lost(wrapped)
+        capture.refuse_if_flag_lost(wrapped)
     assert info.value.value == "SomeHybridWrapper"
     draft = _model_runner(make_args, FlashMLABackend(), mla_draft)
     draft.is_draft_worker = True  # the draft keeps upstream's runner
-    assert sglang_adapter.verify_runner_kind(draft) is None
+    assert capture.verify_runner_kind(draft) is None
 
 
 # ---- through SGLang's plugin loading and prepare_server_args (real resolution: page 64) ------
@@ -195,36 +195,40 @@ def test_flashinfer_and_flashmla_are_for_mla_targets_only(make_args, tiny_model_
     assert backends.NATIVE_BACKEND_CLASSES["flashinfer"] == ("FlashInferMLAAttnBackend",)
 
 
-def test_eager_verify_is_counted_with_its_reason():
-    """A refused TARGET_VERIFY batch runs the backend's eager path (chain or native); the runner's
-    wrapper counts it under the refusal reason, other modes and the self-test's own eager
-    reference are not counted."""
+def test_verify_that_did_not_replay_our_graph_is_counted_with_its_reason():
+    """A refused TARGET_VERIFY batch runs eagerly (or through another graph runner) in
+    ``ModelRunner._forward_raw``: the plugin's hook there counts it under the reason our
+    ``can_run_graph`` recorded; a replay of our graph, other forward modes, and model runners
+    without our runner are not counted."""
     from sglang_verify_graph.counters import REASON_BS_ABOVE_MAX, VerifyCounters
-    from sglang_verify_graph.runner import VerifyCudaGraphRunner
+    from sglang_verify_graph.plugin import forward_raw_hook
 
-    calls = []
-
-    class Backend:
-        def init_forward_metadata(self, forward_batch):
-            calls.append(forward_batch)
+    counters = VerifyCounters()
+    ours = SimpleNamespace(counters=counters)
+    model_runner = SimpleNamespace(decode_cuda_graph_runner=ours)
 
     def batch(verify):
         return SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: verify))
 
-    backend, counters = Backend(), VerifyCounters()
-    VerifyCudaGraphRunner._count_eager_verify(SimpleNamespace(counters=counters), backend)
+    def eager(mr, fb, *args, **kwargs):
+        return "eager"
+
+    def replay(mr, fb, *args, **kwargs):
+        counters.count_replay(4, 3)
+        return "graph"
+
     counters.note_refusal(REASON_BS_ABOVE_MAX, "bs=12 > max captured 8")
-    backend.init_forward_metadata(batch(True))
-    backend.init_forward_metadata(batch(False))  # a decode/extend forward: not a verify fallback
-    backend.selftest_eager = True
-    backend.init_forward_metadata(batch(True))  # the self-test's reference: not a fallback
-    assert len(calls) == 3
+    assert forward_raw_hook(eager, model_runner, batch(True), None) == "eager"
+    assert forward_raw_hook(replay, model_runner, batch(True), None) == "graph"
+    forward_raw_hook(eager, model_runner, batch(False), None)  # decode/extend: not a verify
+    forward_raw_hook(eager, SimpleNamespace(decode_cuda_graph_runner=None), batch(True), None)
     assert dict(counters.fallbacks) == {REASON_BS_ABOVE_MAX: 1}
+    assert counters.replays == 1 and counters.verify_steps == 2
 
 
 def test_eager_cliff_is_announced_at_start():
-    """bug_log 2 (the 5-6x eager cliff): when max_running_requests exceeds the largest captured
-    bucket, start-up says which batch sizes will verify eagerly and the flag that graphs them."""
+    """When max_running_requests exceeds the largest captured bucket, start-up says which batch
+    sizes will verify eagerly and the flag that graphs them."""
     from sglang_verify_graph.counters import REASON_BS_ABOVE_MAX, eager_cliff_warning
 
     assert eager_cliff_warning(32, [1, 2, 4, 8, 16, 32]) is None

@@ -1,4 +1,4 @@
-"""Per-phase profile (profile.py, the profile hooks of sglang_adapter, the flag and the env) on
+"""Per-phase profile (profile.py, profile_hooks.py and their table in plugin.py, the flag and the env) on
 CPU, with fake events whose elapsed times and query() results the tests control."""
 
 import argparse
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sglang_verify_graph import advisor_inputs, cli, profile
+from sglang_verify_graph import metrics as prom
 from sglang_verify_graph import profile_hooks as ph
 from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.config import ENV_PROFILE_EVERY, VerifyGraphConfigError, read_env
@@ -227,7 +228,7 @@ def test_replay_pct_and_fallbacks_from_counters():
 def test_prometheus_metrics_histograms_and_counter_deltas():
     prometheus_client = pytest.importorskip("prometheus_client")
     registry = prometheus_client.CollectorRegistry()
-    metrics = profile.PrometheusMetrics(registry=registry)
+    metrics = prom.PrometheusMetrics(registry=registry)
     counters = VerifyCounters()
     prof, gpu, _ = make(every=10, counters=lambda: counters, metrics=metrics)
     counters.replays = 4
@@ -310,9 +311,9 @@ def test_profile_flag_and_env_must_agree(monkeypatch, capsys):
 
 _DRIVER = r"""
 import json, sys
-from sglang_verify_graph import plugin, profile_hooks as ph, sglang_adapter as a
+from sglang_verify_graph import plugin, sglang_adapter as a
 plugin.register()
-print("RESULT " + json.dumps({t: a._is_applied(t, h) for t, h, _ in ph.profile_hooks()}))
+print("RESULT " + json.dumps({t: a._is_applied(t, h) for t, h, _ in plugin.profile_hooks_table()}))
 """
 
 
@@ -494,7 +495,7 @@ def test_profile_line_drives_the_advisor_cli(tmp_path):
 def test_metrics_only_with_enable_metrics(monkeypatch, enable_metrics):
     monkeypatch.setenv(ENV_PROFILE_EVERY, "4")
     sentinel = object()
-    monkeypatch.setattr(profile, "prometheus_metrics", lambda: sentinel)
+    monkeypatch.setattr(prom, "prometheus_metrics", lambda: sentinel)
     profile.set_event_factory(FakeGPU().factory)
     worker = SimpleNamespace(server_args=SimpleNamespace(enable_metrics=enable_metrics),
                              ps=SimpleNamespace(tp_rank=0))

@@ -1,7 +1,7 @@
 """Per-version CPU checks (sglang 0.5.16 and 0.5.23; CI runs this tier once per version).
 
 * the installed version is one the adapter supports, and the adapter picked its code paths;
-* in a fresh interpreter, with the feature on: ``sglang_adapter.register`` reports no missing hook
+* in a fresh interpreter, with the feature on: ``plugin.install`` reports no missing hook
   target, the flag is in SGLang's own parser, ``prepare_server_args`` + the version's validation
   point accept a good launch and stop a bad one with one line, and (0.5.23) the installed
   ``ModelRunner._decode_cuda_graph_runner_cls`` returns our runner for an EAGLE topk=1 target;
@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_verify_graph import capture, plugin
 from sglang_verify_graph import sglang_adapter as sa
 from sglang_verify_graph.config import ENV_ENABLE, FLAG
 
@@ -47,8 +48,8 @@ def test_version_parsing():
 _DRIVER = textwrap.dedent("""
     import argparse, json, os, sys
     from types import SimpleNamespace
-    from sglang_verify_graph import sglang_adapter as sa
-    out = {"missing": sa.register(runtime=True)}
+    from sglang_verify_graph import plugin, sglang_adapter as sa
+    out = {"missing": plugin.install(runtime=True)}
     from sglang.srt.server_args import ServerArgs, prepare_server_args
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
@@ -156,7 +157,7 @@ def test_0523_runner_cls_hook(kwargs, ours):
 
     original = getattr(ModelRunner._decode_cuda_graph_runner_cls, "__wrapped__",
                        ModelRunner._decode_cuda_graph_runner_cls)
-    cls = sa.decode_runner_cls_hook(original, _model_runner(**kwargs))
+    cls = plugin.decode_runner_cls_hook(original, _model_runner(**kwargs))
     assert issubclass(cls, DecodeCudaGraphRunner)
     assert issubclass(cls, VerifyCudaGraphRunner) == ours
     if not ours:
@@ -179,18 +180,18 @@ def test_0523_runner_cls_is_built_with_model_runner_only(monkeypatch):
     monkeypatch.setattr(VerifyCudaGraphRunner, "__init__", fake_init)
     cfg = SimpleNamespace(log_every=0)
     mr = SimpleNamespace(attn_backend=SimpleNamespace(verify_cfg=cfg), device="cpu", gpu_id=0)
-    runner = sa._v0523().verify_runner_cls()(mr)
+    runner = capture.verify_runner_cls_0523()(mr)
     assert isinstance(runner, VerifyCudaGraphRunner)
     assert seen["model_runner"] is mr and seen["cfg"] is cfg
     assert C.get_counters() is seen["counters"] and seen["counters"].capture_bs == [1, 2]
     with pytest.raises(RuntimeError, match="unexpected arguments"):
-        sa._v0523().verify_runner_cls()(mr, attn_backend=None)
+        capture.verify_runner_cls_0523()(mr, attn_backend=None)
 
 
 @only_0516
 def test_0516_capture_hook_passes_through_without_chain_backend():
     calls = []
-    result = sa.capture_decode_graph_hook(lambda **kw: calls.append(kw) or "upstream",
+    result = plugin.capture_decode_graph_hook(lambda **kw: calls.append(kw) or "upstream",
                                           model_runner=_model_runner(chain=False))
     assert result == "upstream" and len(calls) == 1
 

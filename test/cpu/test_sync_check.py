@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from sglang_verify_graph import sglang_adapter, sync_check
+from sglang_verify_graph import plugin, sglang_adapter, sync_check
 from sglang_verify_graph.config import ENV_SYNC_CHECK, read_env
 
 MSG = "called a synchronizing CUDA operation"  # c10/cuda/CUDAFunctions.cpp warn_or_error_on_sync
@@ -85,7 +85,7 @@ def test_errors_propagate_and_are_counted(fake_mode):
 
 def test_env_and_hook_list():
     assert read_env({ENV_SYNC_CHECK: "1"}).sync_check and not read_env({}).sync_check
-    targets = [t for t, _, _ in sglang_adapter.sync_check_hooks()]
+    targets = [t for t, _, _ in plugin.sync_check_hooks()]
     assert targets[:2] == [sglang_adapter.VERIFY, sglang_adapter.GET_INTERNAL_STATE]
     import importlib.util
 
@@ -111,7 +111,7 @@ def test_renorm_hooks_count_and_pass_through(monkeypatch):
     monkeypatch.setattr(sync_check, "_CHECK", check)
     seen = []
     check._inside = 1
-    out = sglang_adapter.top_p_renorm_hook(lambda p, t: seen.append((p, t)) or "probs", "P", "T")
+    out = plugin.top_p_renorm_hook(lambda p, t: seen.append((p, t)) or "probs", "P", "T")
     assert out == "probs" and seen == [("P", "T")]
     assert check.snapshot()["kernel_calls"] == {"top_p_renorm_prob": 1}
 
@@ -119,7 +119,7 @@ def test_renorm_hooks_count_and_pass_through(monkeypatch):
 def test_internal_state_reports_the_check(monkeypatch):
     check = sync_check.get_sync_check()
     result = type("R", (), {"internal_state": {}})()
-    sglang_adapter.internal_state_hook(result)
+    plugin.internal_state_hook(result)
     assert result.internal_state["verify_sync_check"] == check.snapshot()
 
 
@@ -127,7 +127,7 @@ _DRIVER = r"""
 import json
 from sglang_verify_graph import plugin, sglang_adapter as a
 plugin.register()
-print("RESULT " + json.dumps([a._is_applied(t, h) for t, h, _ in a.sync_check_hooks()]))
+print("RESULT " + json.dumps([a._is_applied(t, h) for t, h, _ in plugin.sync_check_hooks()]))
 """
 
 

@@ -1,0 +1,130 @@
+"""Which decode-graph runner the target gets, and its capture (time, GPU memory, OOM message).
+
+Policy for the hooks of ``plugin.py``: :func:`verify_runner_kind` says whether this model runner
+gets ``VerifyCudaGraphRunner`` (and with which verify attention), :func:`refuse_if_flag_lost`
+stops a start that would silently serve upstream's runner with the flag on, and
+:func:`capture_verify_runner` builds our runner and fills the capture counters.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, Optional
+
+from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.backends import NATIVE_BACKEND_CLASSES
+from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
+from sglang_verify_graph.config import VerifyGraphConfig, build_config
+from sglang_verify_graph.counters import VerifyCounters, eager_cliff_warning, install_counters
+from sglang_verify_graph.errors import VerifyGraphConfigError
+from sglang_verify_graph.runner import VerifyCudaGraphRunner
+
+logger = logging.getLogger("sglang_verify_graph")
+
+OOM_MESSAGE = (
+    "--enable-verify-cuda-graph: capturing the verify graphs ran out of GPU memory. "
+    "Fix: lower --cuda-graph-max-bs-decode (fewer/smaller buckets) or --mem-fraction-static.")
+"""The one line a capture that runs out of GPU memory raises (as ``RuntimeError``)."""
+
+
+def config_for(model_runner) -> Optional[VerifyGraphConfig]:
+    """The validated config of this model runner's server args (``None`` when the flag is off).
+    Raises VerifyGraphConfigError on a conflicting setting."""
+    return build_config(adapter.resolved(model_runner.server_args))
+
+
+def uses_chain_backend(model_runner) -> bool:
+    """Whether the model runner's attention backend is ``ChainVerifyTritonBackend``."""
+    return isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend)
+
+
+def verify_runner_kind(model_runner) -> Optional[str]:
+    """``"chain"`` when the target's backend is ``ChainVerifyTritonBackend``; ``"native"`` when
+    the flag's config chose a native backend (``backends.py``) and the target's backend object is
+    that backend's SGLang class; else ``None`` (upstream's runner, or a refusal)."""
+    if uses_chain_backend(model_runner):
+        return "chain"
+    if model_runner is None or not adapter.is_eagle_topk1_target(model_runner):
+        return None
+    cfg = config_for(model_runner)
+    if cfg is None or cfg.verify_attention != "native":
+        return None
+    name = type(getattr(model_runner, "attn_backend", None)).__name__
+    return "native" if name in NATIVE_BACKEND_CLASSES.get(cfg.attention_backend, ()) else None
+
+
+def refuse_if_flag_lost(model_runner) -> None:
+    """Raise instead of silently capturing upstream's runner when the flag is on for this EAGLE
+    topk=1 target but its attention backend is not (or no longer) one the verify graph serves
+    (the chain backend, or the configured native backend's own class), e.g. SGLang wrapped it for
+    a hybrid linear-attention / sparse model. Raises VerifyGraphConfigError."""
+    if model_runner is None or not adapter.is_eagle_topk1_target(model_runner):
+        return
+    cfg = config_for(model_runner)
+    if cfg is None:
+        return
+    backend = cfg.attention_backend
+    expected = (("ChainVerifyTritonBackend",) if cfg.verify_attention == "chain"
+                else NATIVE_BACKEND_CLASSES.get(backend, ()))
+    raise VerifyGraphConfigError(
+        problem=f"with --attention-backend {backend} the verify graph serves "
+                f"{' / '.join(expected)}, but this model got another attention backend "
+                "(an attention wrapper, e.g. hybrid linear or sparse attention, or for "
+                "flashinfer/flashmla a target without MLA)",
+        flag="attention backend", value=type(getattr(model_runner, "attn_backend", None)).__name__,
+        fix="pass --attention-backend triton, or remove --enable-verify-cuda-graph for this model")
+
+
+def capture_verify_runner(model_runner, build: Callable = VerifyCudaGraphRunner):
+    """Capture our runner with ``build(model_runner, cfg, counters)``, fill the capture counters
+    (seconds, GiB of GPU memory) and log one line.
+
+    Returns:
+        ``(runner, graph_mem_gib)``: what ``build`` returned and the drop of free GPU memory
+        across the capture, GiB.
+
+    Raises:
+        RuntimeError: :data:`OOM_MESSAGE` when the capture runs out of GPU memory (the original
+            error chained); other errors propagate unchanged.
+    """
+    cfg = getattr(model_runner.attn_backend, "verify_cfg", None) or config_for(model_runner)
+    counters = install_counters(VerifyCounters(log_every=cfg.log_every))
+    before = adapter.available_gpu_memory(model_runner)
+    try:
+        runner = build(model_runner, cfg, counters)
+    except Exception as e:
+        if "out of memory" in str(e).lower():
+            raise RuntimeError(OOM_MESSAGE) from e
+        raise
+    after = adapter.available_gpu_memory(model_runner)
+    counters.graph_mem_gib = before - after
+    logger.info(
+        "VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=%s, num_draft_tokens=%d "
+        "tokens/request, attention=%s, %.2f s, %.3f GiB",
+        counters.capture_bs, counters.num_draft_tokens, counters.attention,
+        counters.capture_seconds, counters.graph_mem_gib)
+    cliff = eager_cliff_warning(getattr(model_runner, "max_running_requests", None),
+                                counters.capture_bs)
+    if cliff:
+        logger.warning("%s", cliff)
+    return runner, before - after
+
+
+@functools.lru_cache(maxsize=None)
+def verify_runner_cls_0523():
+    """``VerifyCudaGraphRunner`` constructible as SGLang 0.5.23 builds a decode-graph runner,
+    ``cls(model_runner)``: config and counters come from the chain backend, capture is timed and
+    its GPU memory counted as on 0.5.16 (:func:`capture_verify_runner`). Raises RuntimeError on
+    keyword arguments (a constructor call this class was not written for)."""
+
+    class VerifyCudaGraphRunnerV0523(VerifyCudaGraphRunner):
+        __doc__ = VerifyCudaGraphRunner.__doc__
+
+        def __init__(self, model_runner, **kwargs):
+            if kwargs:
+                raise RuntimeError(f"VerifyCudaGraphRunner: unexpected arguments {sorted(kwargs)}")
+            capture_verify_runner(
+                model_runner, lambda mr, cfg, counters: VerifyCudaGraphRunner.__init__(self, mr, cfg, counters))
+
+    return VerifyCudaGraphRunnerV0523

@@ -1,0 +1,38 @@
+"""Settings the chain kernel cannot serve that are known from the resolved server arguments stop the
+launch with one line (``build_config``), not later in the scheduler after the model loaded."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from sglang_verify_graph.config import EnvSettings, VerifyGraphConfigError, build_config
+from sglang_verify_graph.sglang_adapter import API_0523
+
+ON = EnvSettings(enable=True)
+only_0516 = pytest.mark.skipif(API_0523, reason="sglang 0.5.16 code path")
+
+
+@only_0516  # 0.5.23 itself rejects --enable-page-major-kv-layout without unified memory
+def test_page_major_kv_layout_is_rejected_at_launch(real_args):
+    """0.5.16 ``PageMajorMHATokenToKVPool`` hands out 4-D strided views
+    ``(num_pages, page_size, heads, dim)`` (memory_pool.py) and the flag *requires* the Triton
+    backend, so it passes every check. ``ChainVerifyTritonBackend.__init__`` then takes
+    ``k_buf.shape[1]`` (page size) as ``num_kv_heads`` and the kernel addresses slot ``loc`` at
+    ``loc * stride(0)`` (a page stride): wrong keys or an illegal memory access. The backend
+    refuses 4-D views in the scheduler too; the launch refuses the flag first, in one line."""
+    server_args = real_args(enable_page_major_kv_layout=True, page_size=16)
+    assert server_args.enable_page_major_kv_layout  # SGLang accepts it with triton
+    with pytest.raises(VerifyGraphConfigError, match="--enable-page-major-kv-layout"):
+        build_config(server_args, ON)
+
+
+@pytest.mark.parametrize("overrides", [dict(kv_cache_dtype="fp8_e4m3"),
+                                       dict(enable_deterministic_inference=True)],
+                         ids=["kv-fp8", "deterministic"])
+def test_backend_only_conflicts_fail_at_launch(real_args, overrides):
+    """Both settings are on the resolved ServerArgs, so the launch refuses them in one line
+    naming the flag, instead of the scheduler failing after the model loaded."""
+    flag = "--" + next(iter(overrides)).replace("_", "-")
+    with pytest.raises(VerifyGraphConfigError, match=flag):
+        build_config(real_args(**overrides), ON)

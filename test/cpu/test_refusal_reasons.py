@@ -1,0 +1,189 @@
+"""``VerifyCudaGraphRunner.refusal_reason`` names the condition of upstream's
+``DecodeCudaGraphRunner.can_run_graph`` that refused a batch, for each SGLang version:
+
+* the conditions upstream reads are pinned per version (an SGLang upgrade that adds or drops one
+  fails here, naming it), each mapped to our reason or to why it cannot refuse our target;
+* on a runner built without capture, each reachable condition alone makes upstream refuse, and
+  our reason for that batch is the mapped one.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_verify_graph import counters as C
+from sglang_verify_graph import sglang_adapter as adapter
+
+UNREACHABLE = "not reachable"
+
+# attribute of forward_batch / self read by upstream's can_run_graph -> our reason
+CONDITIONS = {
+    "0.5.16": {
+        "forward_batch": {
+            "replace_embeds": C.REASON_REPLACE_EMBEDS,
+            "spec_info": C.REASON_WIDTH,
+            "batch_size": C.REASON_BS_ABOVE_MAX,
+            "original_global_num_tokens_cpu": C.REASON_BS_ABOVE_MAX,
+            "can_run_dp_cuda_graph": C.REASON_DP_SYNC,
+            "can_run_tbo": C.REASON_TBO,
+            "capture_hidden_mode": C.REASON_HIDDEN_MODE,
+            "forward_mode": f"{UNREACHABLE}: only with ragged verify mode (not used for topk 1)",
+            "encoder_lens": f"{UNREACHABLE}: EAGLE targets are decoder-only",
+            "input_ids": f"{UNREACHABLE}: NGRAM speculation only",
+        },
+        "self": {
+            "captured_req_width": C.REASON_WIDTH,
+            "disable_padding": C.REASON_BS_NOT_CAPTURED,
+            "backend": C.REASON_BS_NOT_CAPTURED,
+            "max_bs": C.REASON_BS_ABOVE_MAX,
+            "require_mlp_tp_gather": C.REASON_BS_ABOVE_MAX,
+            "require_mlp_sync": C.REASON_DP_SYNC,
+            "enable_two_batch_overlap": C.REASON_TBO,
+            "capture_hidden_mode": C.REASON_HIDDEN_MODE,
+            "ragged_verify_mode": f"{UNREACHABLE}: ragged verify is off for topk 1",
+            "_can_run_ragged_verify_graph": f"{UNREACHABLE}: ragged verify is off for topk 1",
+            "_make_graph_key": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
+            "enable_pdmux": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
+            "_resolve_lora_variant": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
+            "is_encoder_decoder": f"{UNREACHABLE}: EAGLE targets are decoder-only",
+            "model_runner": f"{UNREACHABLE}: NGRAM speculation only",
+        },
+    },
+    "0.5.23": {
+        "forward_batch": {
+            "replace_embeds": C.REASON_REPLACE_EMBEDS,
+            "spec_info": C.REASON_WIDTH,
+            "batch_size": C.REASON_BS_ABOVE_MAX,
+            "can_run_decode_cuda_graph": C.REASON_DP_SYNC,
+            "can_run_tbo": C.REASON_TBO,
+            "forward_mode": f"{UNREACHABLE}: only with ragged verify mode (not used for topk 1)",
+            "encoder_lens": f"{UNREACHABLE}: EAGLE targets are decoder-only",
+            "input_ids": f"{UNREACHABLE}: NGRAM speculation only",
+        },
+        "self": {
+            "captured_req_width": C.REASON_WIDTH,
+            "disable_padding": C.REASON_BS_NOT_CAPTURED,
+            "backend": C.REASON_BS_NOT_CAPTURED,
+            "max_bs": C.REASON_BS_ABOVE_MAX,
+            "require_mlp_tp_gather": C.REASON_BS_ABOVE_MAX,
+            "_max_dp_batch_size": f"{UNREACHABLE}: DP attention is refused at launch",
+            "require_mlp_sync": C.REASON_DP_SYNC,
+            "enable_two_batch_overlap": C.REASON_TBO,
+            "ragged_verify_mode": f"{UNREACHABLE}: ragged verify is off for topk 1",
+            "_can_run_ragged_verify_graph": f"{UNREACHABLE}: ragged verify is off for topk 1",
+            "_make_graph_key": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
+            "enable_pdmux": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
+            "_resolve_lora_variant": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
+            "_resolve_attention_variant": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
+            "is_encoder_decoder": f"{UNREACHABLE}: EAGLE targets are decoder-only",
+            "model_runner": f"{UNREACHABLE}: NGRAM speculation only",
+        },
+    },
+}
+
+REASONS = {v for k, v in vars(C).items() if k.startswith("REASON_")}
+
+
+def _attributes_read(fn) -> dict[str, set[str]]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    seen = {"forward_batch": set(), "self": set()}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in seen:
+            seen[node.value.id].add(node.attr)
+    return seen
+
+
+def test_upstream_conditions_are_pinned_for_this_version():
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    pinned = CONDITIONS[adapter.SGLANG_VERSION]
+    read = _attributes_read(DecodeCudaGraphRunner.can_run_graph)
+    for owner in ("forward_batch", "self"):
+        assert read[owner] == set(pinned[owner]), (
+            f"upstream can_run_graph reads {owner}.{sorted(read[owner] ^ set(pinned[owner]))} "
+            "differently from the pinned list: map the change to a refusal reason")
+        for attr, reason in pinned[owner].items():
+            assert reason in REASONS or reason.startswith(UNREACHABLE), (owner, attr, reason)
+
+
+def test_every_mapped_reason_is_one_refusal_reason_can_return():
+    """Each reason a reachable condition maps to is produced by our refusal_reason's source, so
+    no condition is mapped to a reason our code cannot give."""
+    from sglang_verify_graph.runner import VerifyCudaGraphRunner
+
+    src = inspect.getsource(VerifyCudaGraphRunner.refusal_reason)
+    names = {v: k for k, v in vars(C).items() if k.startswith("REASON_")}
+    for owner in CONDITIONS[adapter.SGLANG_VERSION].values():
+        for reason in owner.values():
+            if reason in REASONS:
+                assert f"C.{names[reason]}" in src, reason
+
+
+# ---- behaviour: each reachable condition alone ---------------------------------------------------
+def _runner_and_batch(**runner_overrides):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    from sglang_verify_graph.runner import VerifyCudaGraphRunner
+
+    runner = VerifyCudaGraphRunner.__new__(VerifyCudaGraphRunner)
+    captured = (1, 2, 4, 8)
+    runner.__dict__.update(
+        counters=C.VerifyCounters(), disable_padding=False, capture_bs=list(captured), max_bs=8,
+        captured_req_width=4, ragged_verify_mode=False, require_mlp_tp_gather=False,
+        require_mlp_sync=False, enable_two_batch_overlap=False, enable_pdmux=False,
+        is_encoder_decoder=False, capture_hidden_mode=CaptureHiddenMode.FULL,
+        backend=SimpleNamespace(can_run=lambda fb, key: key.size in captured),
+        model_runner=SimpleNamespace(spec_algorithm=SimpleNamespace(is_ngram=lambda: False)),
+        record_nolora_graph=False, attention_graph_variants=None,  # 0.5.23's bucket-key inputs
+    )
+    runner.__dict__.update(runner_overrides)
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY, replace_embeds=None, batch_size=4,
+        capture_hidden_mode=CaptureHiddenMode.FULL, lora_ids=None, can_run_tbo=True,
+        can_run_dp_cuda_graph=True, can_run_decode_cuda_graph=True,
+        spec_info=SimpleNamespace(num_tokens_per_req=4, capture_hidden_mode=CaptureHiddenMode.FULL),
+    )
+    return runner, fb
+
+
+def _hidden_mode_mismatch(runner, fb):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    fb.capture_hidden_mode = fb.spec_info.capture_hidden_mode = CaptureHiddenMode.LAST
+    runner.capture_hidden_mode = CaptureHiddenMode.FULL  # the graph keeps every hidden state
+
+
+CASES = {
+    C.REASON_REPLACE_EMBEDS: lambda r, fb: setattr(fb, "replace_embeds", object()),
+    C.REASON_WIDTH: lambda r, fb: setattr(fb.spec_info, "num_tokens_per_req", 3),
+    C.REASON_BS_NOT_CAPTURED: lambda r, fb: (setattr(r, "disable_padding", True),
+                                             setattr(fb, "batch_size", 3)),
+    C.REASON_BS_ABOVE_MAX: lambda r, fb: setattr(fb, "batch_size", 12),
+    C.REASON_DP_SYNC: lambda r, fb: (setattr(r, "require_mlp_sync", True),
+                                     setattr(fb, "can_run_dp_cuda_graph", False),
+                                     setattr(fb, "can_run_decode_cuda_graph", False)),
+    C.REASON_TBO: lambda r, fb: (setattr(r, "enable_two_batch_overlap", True),
+                                 setattr(fb, "can_run_tbo", False)),
+}
+if adapter.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE:
+    CASES[C.REASON_HIDDEN_MODE] = _hidden_mode_mismatch
+
+
+def test_an_unrefused_batch_replays():
+    runner, fb = _runner_and_batch()
+    assert runner.can_run_graph(fb) is True
+    assert runner.counters._last_reason is None
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_each_condition_alone_is_refused_under_its_reason(reason):
+    runner, fb = _runner_and_batch()
+    CASES[reason](runner, fb)
+    assert runner.can_run_graph(fb) is False  # upstream's own decision
+    assert runner.counters._last_reason == reason, runner.counters._last_detail
