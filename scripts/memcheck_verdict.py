@@ -5,7 +5,7 @@ Usage: ``python3 scripts/memcheck_verdict.py DIR/PREFIX``; prints one line
 
 A report is clean only when it holds compute-sanitizer's ``========= ERROR SUMMARY: 0 errors``:
 the frontend writes that line when its targets have exited, so a frontend killed with the server
-(SIGKILL at test teardown, run 10 call 2: the report held only its banner) has no summary and
+(SIGKILL at test teardown: the report then holds only its banner) has no summary and
 proves nothing.
 
 Verdicts: ``ok`` (every report has a 0-error summary and no memory-error record), ``errors`` (a

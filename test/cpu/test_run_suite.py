@@ -92,15 +92,15 @@ def test_unknown_suite_is_one_line_naming_the_valid_suites():
 
 
 def test_gpu_job_stops_on_an_unknown_suite_before_the_setup(tmp_path):
-    """The old group names are gone: gpu_job.sh refuses them with the runner's one line, before
+    """gpu_job.sh refuses a name that is not a suite or stage with the runner's one line, before
     it untars or installs anything."""
-    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), SUITE="issue6a",
+    env = dict(os.environ, DRY_RUN="1", BASE=str(tmp_path), SUITE="selftests",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_job.sh")], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.strip().splitlines() == [
-        f"run_suite.py: unknown suite 'issue6a' (SUITE=\"issue6a\"): {rs.valid_names_line()}"]
+        f"run_suite.py: unknown suite 'selftests' (SUITE=\"selftests\"): {rs.valid_names_line()}"]
     assert not (tmp_path / "gpujob").exists() and not (tmp_path / "site").exists()
 
 
