@@ -39,8 +39,9 @@ With dummy weights the draft almost never guesses the target's token (accept len
 the table shows what one speculation cycle costs against a plain decode step, not a speed-up.
 
 ``--dry-run`` prints the plan and the three server command lines and exits (no GPU, no SGLang
-import). Run time on one H200: a few minutes (three server starts of ~30-90 s each, depending on
-the kernel caches, plus ~10-20 s of requests per server).
+import). Run time on one H200 with the default llama-8b: 311 s on a cold kernel cache (server
+starts of 137 s for the first, which compiles the Triton kernels, then 64 s and 77 s; ~10 s of
+requests per server); less with warm caches.
 """
 
 from __future__ import annotations
@@ -481,7 +482,18 @@ def print_report(report: dict) -> None:
           "triton attention; medians of "
           f"{report['repeats']} rounds")
     print(format_table(report["table"], report["concurrency"]))
+    print(verify_at_concurrency_line(report["modes"], report["concurrency"]))
     print(report["note"])
+
+
+def verify_at_concurrency_line(modes: Dict[str, dict], concurrency: int) -> str:
+    """The verify phase's device ms at the second load level (profile windows at that batch
+    size), one line for the speculative modes."""
+    def ms(m):
+        v = ((modes.get(m) or {}).get("profile_cN") or {}).get("verify_ms")
+        return "-" if v is None else f"{v:.2f}"
+    return (f"verify ms (device) at c={concurrency}: "
+            + ", ".join(f"{m} {ms(m)}" for m in SPECULATIVE))
 
 
 # ----------------------------------------------------------------------------- servers
@@ -494,8 +506,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_NOISE = ("warnings.warn(", "UserWarning", "FutureWarning", "DeprecationWarning")
+
+
 def last_log_line(path: str, limit: int = 4096) -> str:
-    """The last non-empty line of a log file ("" when there is none yet)."""
+    """The last non-empty line of a log file that is not a Python warning's echo ("" when there
+    is none yet)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -503,7 +519,8 @@ def last_log_line(path: str, limit: int = 4096) -> str:
             tail = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    lines = [ln.strip() for ln in tail.replace("\r", "\n").split("\n") if ln.strip()]
+    lines = [ln.strip() for ln in tail.replace("\r", "\n").split("\n")
+             if ln.strip() and not any(n in ln for n in _NOISE)]
     return lines[-1] if lines else ""
 
 
@@ -521,7 +538,8 @@ class Progress:
         if not self.tty and elapsed - self.last < self.every_s:
             return
         self.last = elapsed
-        text = f"  {self.label}: starting, {elapsed:4.0f} s | {last_log_line(self.log_path)}"
+        text = (f"  {self.label}: starting, {elapsed:4.0f} s | "
+                f"{last_log_line(self.log_path) or '(log empty so far)'}")
         if self.tty:
             import shutil
 

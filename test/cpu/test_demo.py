@@ -165,6 +165,13 @@ def test_table_from_a_synthetic_result():
     assert len({len(ln) for ln in text}) == 1  # aligned
 
 
+def test_verify_at_the_second_load_level_line():
+    modes = _modes()
+    modes["upstream"]["profile_cN"] = {"verify_ms": 9.793}
+    modes["ours"]["profile_cN"] = None
+    assert demo.verify_at_concurrency_line(modes, 8) == "verify ms (device) at c=8: upstream 9.79, ours -"
+
+
 def test_counter_lines():
     lines = demo.counter_lines(_modes())
     assert lines[0].startswith("counters upstream: no verify_cuda_graph state")
@@ -220,6 +227,7 @@ def test_main_passes_and_writes_the_table(monkeypatch, tmp_path, capsys):
     assert rc == 0, cap.err
     assert "mode     | step ms (c=1) |" in cap.out and "not a speed-up" in cap.out
     assert "counters ours rank 0: runner=VerifyCudaGraphRunner replays=200" in cap.out
+    assert "verify ms (device) at c=8: upstream" in cap.out
     assert report["failures"] == [] and [r["mode"] for r in report["table"]] == list(demo.TABLE_ORDER)
     assert report["table"][2]["tok_s_c8"] == 520.5 and "not a speed-up" in report["note"]
     assert "--enable-verify-cuda-graph" in report["commands"]["ours"]
@@ -252,6 +260,11 @@ def test_progress_prints_elapsed_and_the_last_log_line(tmp_path):
     assert len(lines) == 3, lines  # every 5 s off a terminal
     assert lines[1] == "  ours: starting,    5 s | Capture cuda graph bs [1, 2, 4, 8]"
     assert demo.last_log_line(str(tmp_path / "missing.log")) == ""
+    log.write_text("Load weight begin\n/x.py:3: UserWarning: old\n  warnings.warn(\n")
+    assert demo.last_log_line(str(log)) == "Load weight begin"  # a warning's echo is skipped
+    log.write_text("")
+    demo.Progress("plain", str(log), stream=buf).update(0.0)
+    assert buf.getvalue().splitlines()[-1] == "  plain: starting,    0 s | (log empty so far)"
 
 
 def test_start_failure_is_one_line_with_the_log(tmp_path):
