@@ -15,23 +15,29 @@ What the series does (docs/upstream_pr.md describes the change):
 
 1. the chain verify attention kernel as ``sglang/kernels/ops/attention/chain_verify.py``;
 2. the flag and its validation: ``ServerArgs.enable_verify_cuda_graph`` (``--enable-verify-cuda-graph``)
-   validated at the end of ``__post_init__`` by ``sglang/srt/speculative/verify_graph_config.py``;
-3. the attention backend ``sglang/srt/layers/attention/chain_verify_backend.py`` and its selection
-   in the ``triton`` attention-registry factory;
+   validated at the end of ``__post_init__`` by ``sglang/srt/speculative/verify_graph_config.py``
+   (with ``verify_graph_errors.py``, ``verify_graph_env.py`` and ``verify_graph_backends.py``);
+3. the SGLang accessors ``sglang/srt/model_executor/runner/verify_graph_utils.py``, the attention
+   backend ``sglang/srt/layers/attention/chain_verify_backend.py`` and its selection in the
+   ``triton`` attention-registry factory;
 4. the runner ``sglang/srt/model_executor/runner/verify_cuda_graph_runner.py`` (with its counters,
-   static-buffer contract, self-test and SGLang helpers), selected in
-   ``cuda_graph_setup.capture_decode_graph``; the QLEN_ONLY tree mask in
-   ``build_eagle_verify_input``; the counters in ``Scheduler.get_internal_state``.
+   static-buffer contract, self-test) and its capture ``verify_graph_capture.py``, selected in
+   ``cuda_graph_setup.capture_decode_graph``; every TARGET_VERIFY that does not replay the graph
+   counted in ``ModelRunner._forward_raw``; the counters in ``Scheduler.get_internal_state``;
+5. the QLEN_ONLY tree mask in ``build_eagle_verify_input``.
 
-The new modules are this repository's modules with their imports rewritten to native names; the
-edits to existing SGLang files are generated against the given tree, each anchored on stable lines
-of the pinned version: a missing anchor stops the script with the file and the anchor it looked for.
+The new modules are this repository's modules with their imports rewritten to native names
+(``verify_graph_utils`` is the 0.5.16 branch of ``sglang_adapter.py``: the definitions the other
+modules call as ``adapter.<name>``, extracted from it by AST); the edits to existing SGLang files
+are generated against the given tree, each anchored on stable lines of the pinned version: a
+missing anchor stops the script with the file and the anchor it looked for.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import difflib
 import re
 import sys
@@ -47,6 +53,8 @@ TOTAL = 5
 # plugin module -> native module (dotted, under the ``sglang`` package)
 NATIVE = {
     "sgl_verify_kernel": "sglang.kernels.ops.attention.chain_verify",
+    "sglang_verify_graph.errors": "sglang.srt.speculative.verify_graph_errors",
+    "sglang_verify_graph.env": "sglang.srt.speculative.verify_graph_env",
     "sglang_verify_graph.config": "sglang.srt.speculative.verify_graph_config",
     "sglang_verify_graph.backends": "sglang.srt.speculative.verify_graph_backends",
     "sglang_verify_graph.chain_backend": "sglang.srt.layers.attention.chain_verify_backend",
@@ -54,8 +62,31 @@ NATIVE = {
     "sglang_verify_graph.counters": "sglang.srt.model_executor.runner.verify_graph_counters",
     "sglang_verify_graph.buffers": "sglang.srt.model_executor.runner.verify_graph_buffers",
     "sglang_verify_graph.selftest": "sglang.srt.model_executor.runner.verify_graph_selftest",
+    "sglang_verify_graph.capture": "sglang.srt.model_executor.runner.verify_graph_capture",
     "sglang_verify_graph.sglang_adapter": "sglang.srt.model_executor.runner.verify_graph_utils",
 }
+
+# Mentions of the plugin's own machinery in docstrings and comments -> their native counterparts.
+PROSE = (
+    ("``sglang_adapter.resolved``", "the adapter's resolved view"),
+    ("``sglang_adapter``", "``verify_graph_utils``"),
+    ("The command-line flag this plugin adds to SGLang's server arguments",
+     "The command-line flag that enables the verify graph"),
+    ("The plugin's flag", "The flag"),
+    ("The plugin's environment variables", "The verify graph's environment variables"),
+    ("belong to this plugin", "belong to this feature"),
+    ("(``cli.from_cli_args_hook`` refuses it)", "(refused at launch)"),
+    ("``plugin.forward_raw_hook``", "``ModelRunner._forward_raw``"),
+    ("(see plugin.build_verify_input_hook)", "(see build_eagle_verify_input)"),
+    ("see ``plugin.triton_factory``", "see ``create_triton_backend``"),
+    ("TARGET_VERIFY the plugin replaces", "TARGET_VERIFY the verify graph replaces"),
+    ("TARGET_VERIFY the plugin's graph replays", "TARGET_VERIFY the verify graph replays"),
+    ("``backends.py``", "``verify_graph_backends``"),
+    ("Policy for the hooks of ``plugin.py``", "Policy for ``capture_decode_graph``"),
+    ("(``sgl-kernel/sgl_verify_kernel``)", "(``sglang.kernels.ops.attention.chain_verify``)"),
+    ("``sgl_verify_kernel``", "``chain_verify``"),
+    ("sgl_verify_kernel.workspace_numel", "chain_verify.workspace_numel"),
+)
 
 
 class AnchorError(RuntimeError):
@@ -69,18 +100,15 @@ def native_path(module: str) -> str:
 def rewrite_imports(text: str) -> str:
     """Plugin package names -> native module names (imports, docstrings, logger names)."""
     text = text.replace('logging.getLogger("sglang_verify_graph")', "logging.getLogger(__name__)")
-    for short in ("counters", "sglang_adapter", "buffers", "selftest", "config", "backends",
-                  "chain_backend", "runner"):
-        parent, _, leaf = NATIVE[f"sglang_verify_graph.{short}"].rpartition(".")
-        text = re.sub(rf"from sglang_verify_graph import {short}\b", f"from {parent} import {leaf}", text)
+    for old, new in PROSE:
+        text = text.replace(old, new)
+    for plugin in NATIVE:
+        if plugin.startswith("sglang_verify_graph."):
+            short = plugin.rpartition(".")[2]
+            parent, _, leaf = NATIVE[plugin].rpartition(".")
+            text = re.sub(rf"from sglang_verify_graph import {short}\b", f"from {parent} import {leaf}", text)
     for plugin in sorted(NATIVE, key=len, reverse=True):
         text = re.sub(rf"\b{re.escape(plugin)}(\.chain_verify_attention)?\b", NATIVE[plugin], text)
-    for old, new in (("``sglang_adapter.resolved``", "the adapter's resolved view"),
-                     ("The command-line flag this plugin adds", "The command-line flag that enables the verify graph"),
-                     ("belong to this plugin", "belong to this feature"),
-                     ("``sglang_adapter``", "``verify_graph_utils``")):
-        text = text.replace(old, new)
-    text = text.replace("sglang_adapter.build_verify_input_hook", "build_eagle_verify_input")
     return text
 
 
@@ -105,28 +133,37 @@ def plugin_module(src: Path, native: str, extra=None) -> tuple[str, str]:
     return native_path(native), text
 
 
+def _replace_line(text: str, old: str, new: str, module: str) -> str:
+    if old not in text:
+        raise AnchorError(f"{module}: expected line {old!r}")
+    return text.replace(old, new)
+
+
 def _native_config(text: str) -> str:
     # Native: a real ServerArgs field instead of the plugin's underscore attribute.
-    old = 'ATTR_ENABLE = "_enable_verify_cuda_graph"'
-    if old not in text:
-        raise AnchorError(f"verify_graph_config: expected line {old!r}")
-    return text.replace(old, 'ATTR_ENABLE = "enable_verify_cuda_graph"')
+    return _replace_line(text, 'ATTR_ENABLE = "_enable_verify_cuda_graph"',
+                         'ATTR_ENABLE = "enable_verify_cuda_graph"', "verify_graph_config")
 
 
 def _native_backend(text: str) -> str:
-    old = "class ChainVerifyTritonBackend(sa.triton_attn_backend_cls()):"
-    if old not in text:
-        raise AnchorError(f"chain_verify_backend: expected line {old!r}")
-    text = text.replace(old, "class ChainVerifyTritonBackend(TritonAttnBackend):")
+    text = _replace_line(text, "class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):",
+                         "class ChainVerifyTritonBackend(TritonAttnBackend):", "chain_verify_backend")
     return _add_import(text, "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend")
 
 
 def _native_runner(text: str) -> str:
-    old = "class VerifyCudaGraphRunner(sa.decode_cuda_graph_runner_cls()):"
-    if old not in text:
-        raise AnchorError(f"verify_cuda_graph_runner: expected line {old!r}")
-    text = text.replace(old, "class VerifyCudaGraphRunner(DecodeCudaGraphRunner):")
+    text = _replace_line(text, "class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):",
+                         "class VerifyCudaGraphRunner(DecodeCudaGraphRunner):", "verify_cuda_graph_runner")
     return _add_import(text, "from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner")
+
+
+def _native_capture(text: str) -> str:
+    # Natively SGLang 0.5.16 builds the runner in capture_decode_graph: the 0.5.23 constructor
+    # class (``cls(model_runner)``) has no caller.
+    text = drop_definitions(text, "verify_graph_capture", "verify_runner_cls_0523")
+    if not re.search(r"\bfunctools\.", text):
+        text = _replace_line(text, "import functools\n", "", "verify_graph_capture")
+    return text
 
 
 def _add_import(text: str, line: str) -> str:
@@ -139,105 +176,153 @@ def _add_import(text: str, line: str) -> str:
     return "".join(lines)
 
 
-# The SGLang helpers the runner / backend / self-test call as ``sa.<name>`` (the 0.5.16 branch of
-# python/sglang_verify_graph/sglang_adapter.py, native).
-UTILS = '''"""Helpers of the topk=1 EAGLE verify CUDA graph (``--enable-verify-cuda-graph``): which model
-runner gets the chain verify backend and the verify runner, and the small SGLang accessors the
-runner and the backend share."""
+def _top_level(tree: ast.Module) -> dict[str, tuple[ast.stmt, ast.stmt]]:
+    """Top-level functions and assignments: name -> (first node, last node), the last being the
+    string statement that documents an assignment, when there is one."""
+    out, body = {}, tree.body
+    for i, node in enumerate(body):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = (node, node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            nxt = body[i + 1] if i + 1 < len(body) else None
+            doc = nxt if (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                          and isinstance(nxt.value.value, str)) else node
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = (node, doc)
+    return out
+
+
+def _first_line(node: ast.stmt) -> int:
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+
+
+def drop_definitions(text: str, module: str, *names: str) -> str:
+    """``text`` without the named top-level definitions (decorators and the blank lines after
+    each included)."""
+    defs = _top_level(ast.parse(text))
+    missing = [n for n in names if n not in defs]
+    if missing:
+        raise AnchorError(f"{module}: definitions {missing} not found")
+    lines = text.splitlines(keepends=True)
+    for first, last in sorted((defs[n] for n in names), key=lambda fl: -fl[0].lineno):
+        start, end = _first_line(first) - 1, last.end_lineno
+        while end < len(lines) and not lines[end].strip():
+            end += 1
+        del lines[start:end]
+    return "".join(lines).rstrip("\n") + "\n"
+
+
+# ---- verify_graph_utils: the adapter's 0.5.16 branch -----------------------------------------
+ADAPTER = PLUGIN / "sglang_adapter.py"
+VERSION_FLAG = "API_0523"  # the adapter's "newer SGLang" switch: False for the pinned 0.5.16
+
+UTILS_HEAD = '''"""SGLang accessors of the topk=1 EAGLE verify CUDA graph (``--enable-verify-cuda-graph``): the
+small reads of SGLang objects that the verify graph's modules share, which they import as
+``from sglang.srt.model_executor.runner import verify_graph_utils as adapter`` and call as
+``adapter.<name>``."""
 
 from __future__ import annotations
-
-import logging
-from typing import Callable, Optional
-
-logger = logging.getLogger(__name__)
-
-CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE = True
-
-
-def kv_write_loc(forward_batch):
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
-    return KVWriteLoc(forward_batch.out_cache_loc, None, full_loc=None)
-
-
-def kv_translation_active(backend) -> bool:
-    return backend._translate_kv_loc is not None
-
-
-def can_run_dp(forward_batch) -> bool:
-    return bool(forward_batch.can_run_dp_cuda_graph)
-
-
-def logit_cap(layer) -> float:
-    from sglang.srt.layers.attention.triton_backend import logit_capping_mod
-
-    return float(logit_capping_mod(layer.logit_capping_method, layer.logit_cap)) if layer.logit_cap else 0.0
-
-
-@@ADAPTER_FUNCTIONS@@
-
-
-def is_eagle_topk1_target(model_runner) -> bool:
-    algo = model_runner.spec_algorithm
-    return (not model_runner.is_draft_worker and algo.is_eagle()
-            and (model_runner.server_args.speculative_eagle_topk or 1) == 1)
-
-
-def chain_verify_config(model_runner):
-    """The validated verify-graph config when this runner gets the chain verify backend."""
-    if not is_eagle_topk1_target(model_runner):
-        return None
-    from sglang.srt.speculative.verify_graph_config import build_config
-
-    return build_config(model_runner.server_args)
-
-
-def uses_verify_cuda_graph(model_runner) -> bool:
-    """The chain backend, or the native backend the flag's config chose (by its class)."""
-    from sglang.srt.layers.attention.chain_verify_backend import ChainVerifyTritonBackend
-    from sglang.srt.speculative.verify_graph_backends import NATIVE_BACKEND_CLASSES
-
-    backend = getattr(model_runner, "attn_backend", None)
-    if isinstance(backend, ChainVerifyTritonBackend):
-        return True
-    cfg = chain_verify_config(model_runner)
-    return (cfg is not None and cfg.verify_attention == "native"
-            and type(backend).__name__ in NATIVE_BACKEND_CLASSES.get(cfg.attention_backend, ()))
-
-
-_config_for = chain_verify_config  # the name the shared capture_verify_runner uses
-
-
-@@ADAPTER_CAPTURE@@
-
-
-def build_verify_cuda_graph_runner(model_runner):
-    """Capture VerifyCudaGraphRunner (timed, GPU memory counted, one log line)."""
-    from sglang.srt.model_executor.runner.verify_cuda_graph_runner import VerifyCudaGraphRunner
-
-    return capture_verify_runner(model_runner, VerifyCudaGraphRunner)[0]
 '''
 
 
-def adapter_functions(*names: str) -> str:
-    """Source of the named functions of ``sglang_adapter.py`` (shared unchanged with the native
-    ``verify_graph_utils``), so the two never drift apart."""
-    src = (PLUGIN / "sglang_adapter.py").read_text()
-    nodes = {n.name: n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)}
-    missing = [n for n in names if n not in nodes]
+def _offset(lines: list[bytes], lineno: int, col: int) -> int:
+    return sum(len(ln) for ln in lines[:lineno - 1]) + col
+
+
+def fold_version_flag(src: str, where: str) -> str:
+    """``src`` (one top-level definition of ``sglang_adapter.py``) with :data:`VERSION_FLAG` read
+    as False: ``if FLAG:`` blocks without ``else`` dropped, ``A if FLAG else B`` -> ``B``,
+    ``not FLAG`` -> ``True``. Any other use of the flag stops the script."""
+    raw = src.encode()
+    lines = raw.splitlines(keepends=True)
+    edits = []  # (start, end, replacement) byte offsets
+
+    def is_flag(node) -> bool:
+        return isinstance(node, ast.Name) and node.id == VERSION_FLAG
+
+    tree = ast.parse(src)
+    handled = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and is_flag(node.test) and not node.orelse:
+            start = _offset(lines, node.lineno, 0)
+            end = _offset(lines, node.end_lineno + 1, 0)
+            edits.append((start, end, b""))
+            handled |= {id(n) for n in ast.walk(node)}
+        elif isinstance(node, ast.IfExp) and is_flag(node.test):
+            edits.append((_offset(lines, node.lineno, node.col_offset),
+                          _offset(lines, node.end_lineno, node.end_col_offset),
+                          ast.get_source_segment(src, node.orelse).encode()))
+            handled |= {id(n) for n in ast.walk(node.test)} | {id(n) for n in ast.walk(node.body)}
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and is_flag(node.operand):
+            edits.append((_offset(lines, node.lineno, node.col_offset),
+                          _offset(lines, node.end_lineno, node.end_col_offset), b"True"))
+            handled.add(id(node.operand))
+    if any(is_flag(n) and id(n) not in handled for n in ast.walk(tree)):
+        raise AnchorError(f"sglang_adapter.py: {where} reads {VERSION_FLAG} in a way the native "
+                          "rewrite does not fold (if-without-else, conditional expression, not)")
+    for start, end, new in sorted(edits, reverse=True):
+        raw = raw[:start] + new + raw[end:]
+    return raw.decode()
+
+
+def _free_names(src: str) -> set[str]:
+    tree = ast.parse(src)
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef):
+            bound.add(node.name)
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return loaded - bound - set(dir(builtins))
+
+
+def build_utils(used: set[str]) -> str:
+    """``verify_graph_utils``: the definitions of ``sglang_adapter.py`` named in ``used`` and what
+    they use in turn, each folded to the 0.5.16 branch (:func:`fold_version_flag`), in the
+    adapter's order. Raises AnchorError when a name is not defined by the adapter or a definition
+    needs a module-level name the native module does not have."""
+    text = ADAPTER.read_text()
+    defs = _top_level(ast.parse(text))
+    missing = sorted(used - defs.keys())
     if missing:
-        raise AnchorError(f"sglang_adapter.py: functions {missing} not found")
-    return "\n\n\n".join(ast.get_source_segment(src, nodes[n]) for n in names)
+        raise AnchorError(f"sglang_adapter.py: no definition of {missing} (called as adapter.<name>)")
+    lines = text.splitlines(keepends=True)
+    sources, todo = {}, sorted(used)
+    typing_names = {"Any", "Callable", "Iterable", "Optional"}
+    need_typing = set()
+    while todo:
+        name = todo.pop()
+        if name in sources:
+            continue
+        first, last = defs[name]
+        src = fold_version_flag("".join(lines[_first_line(first) - 1:last.end_lineno]), name)
+        sources[name] = (first.lineno, src)
+        for free in _free_names(src):
+            if free in defs and free not in sources:
+                todo.append(free)
+            elif free in typing_names:
+                need_typing.add(free)
+            elif free not in defs:
+                raise AnchorError(f"sglang_adapter.py: {name} uses {free!r}, which the native "
+                                  "verify_graph_utils does not define")
+    head = UTILS_HEAD + (f"\nfrom typing import {', '.join(sorted(need_typing))}\n" if need_typing else "")
+    body = [src for _, src in sorted(sources.values())]
+    return head + "".join("\n\n" + s.rstrip("\n") + "\n" for s in body)
 
 
-UTILS = UTILS.replace("@@ADAPTER_FUNCTIONS@@",
-                      adapter_functions("num_aux_hidden_states", "local_embedding_row")).replace(
-    "@@ADAPTER_CAPTURE@@", rewrite_imports(adapter_functions("capture_verify_runner")))
+def adapter_names_used(texts: list[str]) -> set[str]:
+    return {m for t in texts for m in re.findall(r"\badapter\.([A-Za-z_][A-Za-z0-9_]*)", t)}
 
 
-def sa_names_used(texts: list[str]) -> set[str]:
-    return {m for t in texts for m in re.findall(r"\bsa\.([A-Za-z_][A-Za-z0-9_]*)", t)}
+def defined_names(text: str) -> set[str]:
+    return set(_top_level(ast.parse(text)))
 
 
 # ---- edits of existing SGLang files ----------------------------------------------------------
@@ -291,13 +376,17 @@ def edit_attention_registry(lines: list[str], rel: str) -> list[str]:
     lines[j:j] = [
         "    from sglang.srt.model_executor.runner import verify_graph_utils\n",
         "\n",
-        "    verify_cfg = verify_graph_utils.chain_verify_config(runner)\n",
-        "    if verify_cfg is not None:  # --enable-verify-cuda-graph, EAGLE topk=1 target\n",
-        "        from sglang.srt.layers.attention.chain_verify_backend import (\n",
-        "            ChainVerifyTritonBackend,\n",
-        "        )\n",
+        "    if verify_graph_utils.is_eagle_topk1_target(runner):  # --enable-verify-cuda-graph\n",
+        "        from sglang.srt.speculative.verify_graph_config import build_config\n",
         "\n",
-        "        return ChainVerifyTritonBackend(runner, verify_cfg)\n",
+        "        verify_cfg = build_config(verify_graph_utils.resolved(runner.server_args))\n",
+        "        if verify_cfg is not None:\n",
+        "            from sglang.srt.layers.attention.chain_verify_backend import (\n",
+        "                ChainVerifyTritonBackend,\n",
+        "            )\n",
+        "\n",
+        "            return ChainVerifyTritonBackend(runner, verify_cfg)\n",
+        "\n",
     ]
     return lines
 
@@ -306,13 +395,35 @@ def edit_cuda_graph_setup(lines: list[str], rel: str) -> list[str]:
     i = _find(lines, "def capture_decode_graph(", 0, rel)
     j = _find(lines, "        runner = graph_runners[model_runner.device](model_runner)", i, rel, exact=True)
     lines[j:j + 1] = [
-        "        from sglang.srt.model_executor.runner import verify_graph_utils\n",
+        "        from sglang.srt.model_executor.runner import verify_graph_capture\n",
         "\n",
-        "        if verify_graph_utils.uses_verify_cuda_graph(model_runner):\n",
+        "        if verify_graph_capture.verify_runner_kind(model_runner) is not None:\n",
         "            # --enable-verify-cuda-graph: dedicated topk=1 TARGET_VERIFY runner.\n",
-        "            runner = verify_graph_utils.build_verify_cuda_graph_runner(model_runner)\n",
+        "            runner, _ = verify_graph_capture.capture_verify_runner(model_runner)\n",
         "        else:\n",
+        "            # Flag on but the target's attention backend is not one the verify graph\n",
+        "            # serves: a one-line error, not upstream's runner.\n",
+        "            verify_graph_capture.refuse_if_flag_lost(model_runner)\n",
         "            runner = graph_runners[model_runner.device](model_runner)\n",
+    ]
+    return lines
+
+
+def edit_model_runner(lines: list[str], rel: str) -> list[str]:
+    i = _find(lines, "    def _forward_raw(", 0, rel)
+    j = _find(lines, "            can_run_graph = bool(", i, rel, exact=True)
+    k = _find(lines, "            # Replay cuda graph if applicable", j, rel, exact=True)
+    lines[k:k] = [
+        "            verify_counters = getattr(self.decode_cuda_graph_runner, \"counters\", None)\n",
+        "            if (\n",
+        "                not can_run_graph\n",
+        "                and verify_counters is not None\n",
+        "                and forward_batch.forward_mode.is_target_verify()\n",
+        "            ):\n",
+        "                # --enable-verify-cuda-graph: this verify runs without the verify graph;\n",
+        "                # counted under the reason its can_run_graph recorded.\n",
+        "                verify_counters.count_eager_verify()\n",
+        "\n",
     ]
     return lines
 
@@ -324,9 +435,9 @@ def edit_eagle_worker_common(lines: list[str], rel: str) -> list[str]:
     lines[k + 1:k + 1] = [
         "\n",
         "    if topk == 1:\n",
-        "        from sglang.srt.model_executor.runner import verify_graph_utils\n",
+        "        from sglang.srt.model_executor.runner import verify_graph_capture\n",
         "\n",
-        "        if verify_graph_utils.uses_verify_cuda_graph(target_worker.model_runner):\n",
+        "        if verify_graph_capture.uses_chain_backend(target_worker.model_runner):\n",
         "            # The chain verify kernel reads no tree mask: build the smallest one.\n",
         "            tree_mask_mode = TreeMaskMode.QLEN_ONLY\n",
     ]
@@ -382,6 +493,29 @@ def write_patch(out: Path, number: int, subject: str, body: str, diffs: list[str
     return path
 
 
+def native_modules() -> dict[str, str]:
+    """Plugin module -> its native text, ``verify_graph_utils`` included (nothing written)."""
+    extras = {"sglang_verify_graph.config": _native_config,
+              "sglang_verify_graph.chain_backend": _native_backend,
+              "sglang_verify_graph.runner": _native_runner,
+              "sglang_verify_graph.capture": _native_capture}
+    texts = {}
+    for plugin in NATIVE:
+        if plugin == "sglang_verify_graph.sglang_adapter":
+            continue
+        src = (KERNEL / "chain_verify_attention.py" if plugin == "sgl_verify_kernel"
+               else PLUGIN / (plugin.rpartition(".")[2] + ".py"))
+        texts[plugin] = plugin_module(src, NATIVE[plugin], extras.get(plugin))[1]
+    used = adapter_names_used(list(texts.values()))
+    utils = build_utils(used)
+    check_native("verify_graph_utils", utils)
+    lacking = used - defined_names(utils)
+    if lacking:
+        raise AnchorError(f"verify_graph_utils lacks {sorted(lacking)} called as adapter.<name>")
+    texts["sglang_verify_graph.sglang_adapter"] = utils
+    return texts
+
+
 def build(src: Path, out: Path) -> list[Path]:
     root, prefix = locate(src)
     pkg = root / prefix
@@ -389,12 +523,14 @@ def build(src: Path, out: Path) -> list[Path]:
     from sglang_verify_graph.cli import HELP  # the flag's help text, shared with the plugin
 
     native_help = HELP.split(" Python API:")[0]  # natively, Engine(enable_verify_cuda_graph=True)
+    texts = native_modules()
 
-    def new(native: str, text: str) -> str:
-        rel = prefix + native_path(native)[len("sglang/"):]
+    def new(short: str) -> str:
+        plugin = short if short == "sgl_verify_kernel" else f"sglang_verify_graph.{short}"
+        rel = prefix + native_path(NATIVE[plugin])[len("sglang/"):]
         if (root / rel).exists():
             raise AnchorError(f"{rel} already exists in {root}: is the series applied already?")
-        return file_diff(rel, None, text)
+        return file_diff(rel, None, texts[plugin])
 
     def edit(rel_in_pkg: str, fn, *args) -> str:
         rel = prefix + rel_in_pkg
@@ -405,49 +541,35 @@ def build(src: Path, out: Path) -> list[Path]:
         lines = fn(old.splitlines(keepends=True), rel, *args)
         return file_diff(rel, old, "".join(lines))
 
-    kernel = plugin_module(KERNEL / "chain_verify_attention.py", NATIVE["sgl_verify_kernel"])
-    config = plugin_module(PLUGIN / "config.py", NATIVE["sglang_verify_graph.config"], _native_config)
-    policy = plugin_module(PLUGIN / "backends.py", NATIVE["sglang_verify_graph.backends"])
-    backend = plugin_module(PLUGIN / "chain_backend.py", NATIVE["sglang_verify_graph.chain_backend"], _native_backend)
-    runner = plugin_module(PLUGIN / "runner.py", NATIVE["sglang_verify_graph.runner"], _native_runner)
-    counters = plugin_module(PLUGIN / "counters.py", NATIVE["sglang_verify_graph.counters"])
-    buffers = plugin_module(PLUGIN / "buffers.py", NATIVE["sglang_verify_graph.buffers"])
-    selftest = plugin_module(PLUGIN / "selftest.py", NATIVE["sglang_verify_graph.selftest"])
-    check_native("verify_graph_utils", UTILS)
-    defined = {n.name for n in ast.parse(UTILS).body if isinstance(n, ast.FunctionDef)} | {
-        t.id for n in ast.parse(UTILS).body if isinstance(n, ast.Assign) for t in n.targets}
-    used = sa_names_used([backend[1], runner[1], selftest[1]])
-    if used - defined:
-        raise AnchorError(f"verify_graph_utils lacks {sorted(used - defined)} used by the runner/backend")
-
     specs = [  # every diff is computed before anything is written: a missing anchor writes nothing
         (1, "kernels: split-KV chain verify attention for topk=1 EAGLE verify",
                     "A decode-class Triton kernel for the target verify of a linear (topk=1) draft chain:\n"
                     "reads the page table directly, folds the draft tokens and the GQA group (or MLA's\n"
                     "heads) into one tile, masks per draft position (no tree mask), splits the KV.",
-                    [new(NATIVE["sgl_verify_kernel"], kernel[1])]),
+                    [new("sgl_verify_kernel")]),
         (2, "server_args: --enable-verify-cuda-graph and its validation",
                     "Adds ServerArgs.enable_verify_cuda_graph and validates the resolved configuration at the\n"
-                    "end of __post_init__ (EAGLE/EAGLE3 topk 1, triton attention, decode CUDA graphs on; no DP\n"
-                    "attention, PP, TBO or adaptive speculation): one-line errors naming the flag and the fix.",
-                    [new(NATIVE["sglang_verify_graph.config"], config[1]),
-                     new(NATIVE["sglang_verify_graph.backends"], policy[1]),
+                    "end of __post_init__ (EAGLE/EAGLE3 topk 1, a served attention backend, decode CUDA graphs\n"
+                    "on; no DP attention, PP, TBO or adaptive speculation): one-line errors naming the flag and\n"
+                    "the fix. The error type, the environment variables and the backend policy are their own\n"
+                    "modules.",
+                    [new("errors"), new("env"), new("backends"), new("config"),
                      edit("srt/server_args.py", edit_server_args, native_help)]),
         (3, "attention: chain verify backend for the topk=1 EAGLE target",
                     "TritonAttnBackend whose TARGET_VERIFY runs the chain kernel with no per-replay metadata;\n"
-                    "selected by the triton factory for the EAGLE topk=1 target when the flag is on.",
-                    [new(NATIVE["sglang_verify_graph.sglang_adapter"], UTILS),
-                     new(NATIVE["sglang_verify_graph.chain_backend"], backend[1]),
+                    "selected by the triton factory for the EAGLE topk=1 target when the flag is on.\n"
+                    "verify_graph_utils holds the small SGLang accessors the verify graph's modules share.",
+                    [new("sglang_adapter"), new("chain_backend"),
                      edit("srt/layers/attention/attention_registry.py", edit_attention_registry)]),
         (4, "cuda graph: dedicated topk=1 verify runner with counters",
                     "VerifyCudaGraphRunner (DecodeCudaGraphRunner subclass) replaces the target's decode/verify\n"
-                    "runner: padded buckets with neutralised rows, every replay and eager fallback counted by\n"
-                    "reason, optional graph-vs-eager self-test; counters in /get_server_info.",
-                    [new(NATIVE["sglang_verify_graph.counters"], counters[1]),
-                     new(NATIVE["sglang_verify_graph.buffers"], buffers[1]),
-                     new(NATIVE["sglang_verify_graph.selftest"], selftest[1]),
-                     new(NATIVE["sglang_verify_graph.runner"], runner[1]),
+                    "runner (verify_graph_capture: which target gets it, its timed capture, a one-line error\n"
+                    "when the flag is on but the backend is not served): padded buckets with neutralised rows,\n"
+                    "every replay counted, every TARGET_VERIFY that runs without the graph counted by reason in\n"
+                    "ModelRunner._forward_raw, optional graph-vs-eager self-test; counters in /get_server_info.",
+                    [new("counters"), new("buffers"), new("selftest"), new("runner"), new("capture"),
                      edit("srt/model_executor/model_runner_components/cuda_graph_setup.py", edit_cuda_graph_setup),
+                     edit("srt/model_executor/model_runner.py", edit_model_runner),
                      edit("srt/managers/scheduler.py", edit_scheduler)]),
         (5, "eagle: QLEN_ONLY tree mask for the chain verify",
                     "The chain verify kernel reads no tree mask: build SGLang's smallest mask (bs * ndt^2)\n"

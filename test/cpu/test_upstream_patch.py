@@ -3,8 +3,10 @@
 The installed ``sglang`` package is copied to a temp dir, the series is generated for it and
 applied with ``git apply`` (and dry-run with ``patch -p1`` where that tool exists); the new and
 edited modules must compile, and the patched tree must import and serve the flag natively:
-``--enable-verify-cuda-graph`` parses, a conflicting setting raises the one-line error, the runner,
-backend and edited modules import. A missing anchor must stop the script with a clear message.
+``--enable-verify-cuda-graph`` parses, a conflicting setting raises the one-line error (of the
+native error type), the runner, backend, capture and edited modules import, the capture refuses a
+target whose backend the flag cannot serve, and ``ModelRunner._forward_raw`` counts a verify that
+does not replay the graph. A missing anchor must stop the script with a clear message.
 """
 
 import json
@@ -18,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_verify_graph import sglang_adapter as sa
+from sglang_verify_graph import sglang_adapter as adapter
 
 pytestmark = pytest.mark.skipif(
-    sa.SGLANG_VERSION != "0.5.16",
-    reason=f"the patch series targets the pinned sglang 0.5.16 (installed: {sa.SGLANG_VERSION})")
+    adapter.SGLANG_VERSION != "0.5.16",
+    reason=f"the patch series targets the pinned sglang 0.5.16 (installed: {adapter.SGLANG_VERSION})")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_upstream_patch.py"
@@ -30,18 +32,23 @@ EDITED = [
     "srt/server_args.py",
     "srt/layers/attention/attention_registry.py",
     "srt/model_executor/model_runner_components/cuda_graph_setup.py",
+    "srt/model_executor/model_runner.py",
     "srt/managers/scheduler.py",
     "srt/speculative/eagle_worker_common.py",
 ]
 NEW = [
     "kernels/ops/attention/chain_verify.py",
+    "srt/speculative/verify_graph_errors.py",
+    "srt/speculative/verify_graph_env.py",
     "srt/speculative/verify_graph_config.py",
+    "srt/speculative/verify_graph_backends.py",
     "srt/layers/attention/chain_verify_backend.py",
     "srt/model_executor/runner/verify_graph_utils.py",
     "srt/model_executor/runner/verify_cuda_graph_runner.py",
     "srt/model_executor/runner/verify_graph_counters.py",
     "srt/model_executor/runner/verify_graph_buffers.py",
     "srt/model_executor/runner/verify_graph_selftest.py",
+    "srt/model_executor/runner/verify_graph_capture.py",
 ]
 
 
@@ -100,6 +107,10 @@ def test_series_shape(series):
     # imports rewritten to native names
     assert "import sglang_verify_graph" not in text and "from sglang_verify_graph" not in text
     assert "sgl_verify_kernel" not in text
+    # the native modules carry the pinned version's branch only: no switch on newer SGLang
+    for name in ("API_0523", "_v0523", "verify_runner_cls_0523", "sglang_adapter",
+                 "triton_attn_backend_cls", "decode_cuda_graph_runner_cls"):
+        assert name not in text, name
     for p in patches:
         head = p.read_text().splitlines()[:4]
         assert head[1].startswith("From: ") and head[3].startswith("Subject: [PATCH ")
@@ -123,20 +134,25 @@ def test_patched_modules_compile(applied):
 
 _DRIVER = textwrap.dedent("""
     import importlib, json, sys
+    from types import SimpleNamespace
     import sglang
     assert sglang.__file__.startswith(sys.argv[1]), sglang.__file__
     from sglang.srt.server_args import prepare_server_args
     base = sys.argv[2:]
-    out = {"on": prepare_server_args(base + ["--enable-verify-cuda-graph"]).enable_verify_cuda_graph,
+    on = prepare_server_args(base + ["--enable-verify-cuda-graph"])
+    out = {"on": on.enable_verify_cuda_graph,
            "off": prepare_server_args(base).enable_verify_cuda_graph}
     try:
         prepare_server_args(base + ["--enable-verify-cuda-graph", "--speculative-eagle-topk", "4",
                                     "--speculative-num-draft-tokens", "8"])
     except ValueError as e:
         out["error"] = f"{type(e).__name__}: {e}"
+        out["error_module"] = type(e).__module__
     for m in ("sglang.srt.model_executor.runner.verify_cuda_graph_runner",
+              "sglang.srt.model_executor.runner.verify_graph_capture",
               "sglang.srt.layers.attention.attention_registry",
               "sglang.srt.model_executor.model_runner_components.cuda_graph_setup",
+              "sglang.srt.model_executor.model_runner",
               "sglang.srt.speculative.eagle_worker_common", "sglang.srt.managers.scheduler"):
         importlib.import_module(m)
     from sglang.srt.model_executor.runner.verify_cuda_graph_runner import VerifyCudaGraphRunner
@@ -145,6 +161,54 @@ _DRIVER = textwrap.dedent("""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     out["classes"] = (issubclass(VerifyCudaGraphRunner, DecodeCudaGraphRunner)
                       and issubclass(ChainVerifyTritonBackend, TritonAttnBackend))
+
+    # the capture's choice, with the flag on through the native ServerArgs field: an EAGLE topk=1
+    # target whose backend is not the chain backend gets no verify runner and a one-line error
+    from sglang.srt.model_executor.runner import verify_graph_capture as capture
+    target = SimpleNamespace(spec_algorithm=SimpleNamespace(is_eagle=lambda: True),
+                             is_draft_worker=False, server_args=on, attn_backend=object())
+    out["kind"] = capture.verify_runner_kind(target)
+    try:
+        capture.refuse_if_flag_lost(target)
+    except ValueError as e:
+        out["refusal"] = str(e)
+    capture.refuse_if_flag_lost(SimpleNamespace(**{**vars(target), "is_draft_worker": True}))
+
+    # ModelRunner._forward_raw: a TARGET_VERIFY our runner refuses is counted before it runs eagerly
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_executor.runner.verify_graph_counters import VerifyCounters
+
+    class Eager(Exception):
+        pass
+
+    def eager(forward_batch):
+        raise Eager
+
+    counters = VerifyCounters()
+
+    class Refusing:
+        def __init__(self, counters):
+            if counters is not None:
+                self.counters = counters
+
+        def can_run_graph(self, forward_batch):
+            if getattr(self, "counters", None) is not None:
+                self.counters.note_refusal("batch_size_above_max_captured")
+            return False
+
+    def forward(mode, runner):
+        mr = SimpleNamespace(device="cuda", attn_backend=None, decode_cuda_graph_runner=runner,
+                             hisparse_coordinator=None, _prepare_eager_forward_batch=eager)
+        try:
+            ModelRunner._forward_raw(mr, SimpleNamespace(forward_mode=mode), None)
+        except Eager:
+            return "eager"
+
+    out["eager"] = [forward(ForwardMode.TARGET_VERIFY, Refusing(counters)),
+                    forward(ForwardMode.DECODE, Refusing(counters)),
+                    forward(ForwardMode.TARGET_VERIFY, Refusing(None))]
+    out["fallbacks"] = dict(counters.fallbacks)
     print("RESULT " + json.dumps(out))
 """)
 
@@ -167,21 +231,35 @@ def test_patched_tree_serves_the_flag_natively(applied, tiny_model_dirs):
     assert out["error"] == ("VerifyGraphConfigError: --enable-verify-cuda-graph: supports only a linear "
                             "draft chain (top-k 1) (--speculative-eagle-topk = 4). "
                             "Fix: pass --speculative-eagle-topk 1.")
+    assert out["error_module"] == "sglang.srt.speculative.verify_graph_errors"
+    assert out["kind"] is None
+    assert out["refusal"].startswith("--enable-verify-cuda-graph: with --attention-backend triton the "
+                                     "verify graph serves ChainVerifyTritonBackend, but this model got "
+                                     "another attention backend") and "\n" not in out["refusal"]
+    assert out["eager"] == ["eager", "eager", "eager"]
+    assert out["fallbacks"] == {"batch_size_above_max_captured": 1}
 
 
-def test_missing_anchor_fails_loudly(tmp_path):
+@pytest.mark.parametrize("rel, old, new, message", [
+    ("srt/layers/attention/attention_registry.py", "    return TritonAttnBackend(runner)\n",
+     "    return TritonAttnBackend(runner, None)\n",
+     "sglang/srt/layers/attention/attention_registry.py: anchor not found after line 165: "
+     "'    return TritonAttnBackend(runner)'"),
+    ("srt/model_executor/model_runner.py", "            # Replay cuda graph if applicable\n", "",
+     "sglang/srt/model_executor/model_runner.py: anchor not found after line 1393: "
+     "'            # Replay cuda graph if applicable'"),
+], ids=["attention_registry", "model_runner"])
+def test_missing_anchor_fails_loudly(tmp_path, rel, old, new, message):
     pkg = tmp_path / "sglang"
-    for rel in EDITED:
-        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(_installed_sglang() / rel, pkg / rel)
-    reg = pkg / "srt/layers/attention/attention_registry.py"
-    reg.write_text(reg.read_text().replace("    return TritonAttnBackend(runner)\n",
-                                           "    return TritonAttnBackend(runner, None)\n"))
+    for edited in EDITED:
+        (pkg / edited).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_installed_sglang() / edited, pkg / edited)
+    path = pkg / rel
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
     proc = _make(pkg, tmp_path / "out")
     assert proc.returncode == 1
-    assert proc.stderr.strip() == (
-        "make_upstream_patch.py: sglang/srt/layers/attention/attention_registry.py: anchor not "
-        "found after line 165: '    return TritonAttnBackend(runner)'")
+    assert proc.stderr.strip() == f"make_upstream_patch.py: {message}"
     assert not list((tmp_path / "out").glob("*.patch"))
 
 
