@@ -93,6 +93,13 @@ def resolved(server_args: Any) -> Any:
     return _v0523().resolved(server_args) if API_0523 else server_args
 
 
+def load_plugins() -> None:
+    """SGLang's ``load_plugins()`` (every ``sglang.srt.plugins`` entry point, once per process)."""
+    from sglang.srt.plugins import load_plugins as load
+
+    load()
+
+
 def argv_requests_flag(flag: str) -> bool:
     """Whether this process's command line names ``flag``."""
     return flag in sys.argv
