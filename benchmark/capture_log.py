@@ -6,7 +6,7 @@ warm-up and ``torch.cuda.graph`` capture), memory as the drop in free GPU memory
 (``sglang.srt.utils.get_available_gpu_memory``, GiB = 2**30 bytes, which SGLang prints as "GB"):
 
 * ours: ``VerifyCudaGraphRunner captured TARGET_VERIFY graphs: ... <s> s, <gib> GiB``
-  (``sglang_verify_graph.sglang_adapter.capture_verify_runner``);
+  (``sglang_verify_graph.capture.capture_verify_runner``);
 * upstream / plain: ``Capture target verify|decode CUDA graph end. elapsed=<s> s, mem usage=<gib> GB``
   (SGLang 0.5.16 ``model_runner_components/cuda_graph_setup.capture_decode_graph``).
 

@@ -4,7 +4,7 @@
     python3 scripts/accept_pair.py OUT_DIR [--agree 0.7] [--seed 0]
 
 writes ``OUT_DIR/llama-pair`` (LlamaForCausalLM) and ``OUT_DIR/llama-pair-eagle3``
-(LlamaForCausalLMEagle3): config.json, tokenizer (``make_models.write_model``) and
+(LlamaForCausalLMEagle3): config.json, tokenizer (``sglang_verify_graph.dummy_models.write_model``) and
 ``model.safetensors`` with every weight SGLang loads, plus ``pair_maps.json`` (the maps below).
 Random dummy weights give an accept length of 1.0 (the draft never agrees), so accept-length
 bookkeeping bugs (sgl-project/sglang#16974, ``../shared/docs/bug_log.md`` 3) cannot show; this
@@ -103,8 +103,7 @@ def simulate(maps: dict, prompt: list, max_new_tokens: int, num_steps: int) -> d
 
 
 def _configs() -> tuple:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import make_models as mm
+    from sglang_verify_graph import dummy_models as mm
 
     target = mm._llama(HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, 8192, 10000.0,
                        head_dim=HEAD_DIM)

@@ -41,6 +41,7 @@ from sglang_verify_graph.config import (
     VerifyGraphConfig,
     VerifyGraphConfigError,
     build_config,
+    check_given,
     read_env,
 )
 
@@ -208,6 +209,30 @@ def post_init_hook(result: Any, server_args: Any) -> None:
     if config is not None:
         setattr(server_args, ATTR_ENABLE, True)
         setattr(server_args, ATTR_CONFIG, config)
+    return None
+
+
+def pre_resolution_hook(server_args: Any, *args, **kwargs) -> None:
+    """BEFORE hook on the validation point (0.5.16 ``ServerArgs.__post_init__``, 0.5.23
+    ``ServerArgs.resolve_once``): :func:`~sglang_verify_graph.config.check_given` on the values as
+    given, before SGLang's resolution (which needs an accelerator) can fail first.
+
+    Raises:
+        SystemExit: code 2 after one line ``error: <message>`` on stderr when a 0.5.23 record was
+            built from the command line (:data:`ATTR_FROM_CLI`; on 0.5.16 ``from_cli_args_hook``
+            turns the error into that line).
+        VerifyGraphConfigError: otherwise, on a conflicting given setting.
+    """
+    model_path = getattr(server_args, "model_path", None)
+    if isinstance(model_path, str) and model_path.lower() in UNRESOLVED_MODEL_PATHS:
+        return None
+    try:
+        check_given(server_args)
+    except VerifyGraphConfigError as err:
+        if getattr(server_args, ATTR_FROM_CLI, False):
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        raise
     return None
 
 

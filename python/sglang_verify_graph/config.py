@@ -140,6 +140,15 @@ def _check_algorithm(server_args: Any) -> str:
     return name
 
 
+def _check_adaptive(server_args: Any) -> None:
+    if getattr(server_args, "speculative_adaptive", False):
+        raise VerifyGraphConfigError(
+            "does not support adaptive speculative decoding (it swaps the verify "
+            "graph runner per step)", "--speculative-adaptive", True,
+            "remove --speculative-adaptive",
+        )
+
+
 def _check_steps(server_args: Any) -> Tuple[int, int, int]:
     topk = getattr(server_args, "speculative_eagle_topk", None)
     if topk != 1:
@@ -147,12 +156,7 @@ def _check_steps(server_args: Any) -> Tuple[int, int, int]:
             "supports only a linear draft chain (top-k 1)", "--speculative-eagle-topk",
             topk, "pass --speculative-eagle-topk 1",
         )
-    if getattr(server_args, "speculative_adaptive", False):
-        raise VerifyGraphConfigError(
-            "does not support adaptive speculative decoding (it swaps the verify "
-            "graph runner per step)", "--speculative-adaptive", True,
-            "remove --speculative-adaptive",
-        )
+    _check_adaptive(server_args)
     steps = getattr(server_args, "speculative_num_steps", None)
     if not isinstance(steps, int) or steps < 1:
         raise VerifyGraphConfigError(
@@ -247,6 +251,50 @@ def _check_kv_cache(server_args: Any) -> None:
     for flag, bad, value, what, fix in checks:
         if bad:
             raise VerifyGraphConfigError(f"does not support {what} yet", flag, value, fix)
+
+
+def check_given(server_args: Any, env: Optional[EnvSettings] = None) -> None:
+    """Refuse, before SGLang resolves the server arguments, the settings that conflict with the
+    flag whatever the resolution decides, so that the one-line error comes first on any machine
+    (SGLang's resolution needs an accelerator and fails without one).
+
+    Judged on the values as given: the speculative algorithm (unset or not EAGLE/EAGLE3/NEXTN),
+    a given ``--speculative-eagle-topk`` other than 1, ``--speculative-adaptive``, the flags that
+    disable decode CUDA graphs, DP attention / pipeline parallelism / two-batch overlap, a given
+    attention backend (or prefill/decode override) the verify graph does not serve, and with a
+    given ``--attention-backend triton`` the KV-cache settings the chain kernel cannot serve.
+    Values SGLang decides (an unset top-k or backend, the draft-token count, which SGLang sets to
+    ``num_steps + 1`` for top-k 1) are left to :func:`build_config` on the resolved arguments.
+
+    Raises:
+        VerifyGraphConfigError: on the first conflicting given setting, or a malformed variable.
+    """
+    if env is None:
+        env = read_env()
+    if not is_enabled(server_args, env):
+        return
+    _check_algorithm(server_args)
+    topk = getattr(server_args, "speculative_eagle_topk", None)
+    if topk is not None and topk != 1:
+        raise VerifyGraphConfigError(
+            "supports only a linear draft chain (top-k 1)", "--speculative-eagle-topk",
+            topk, "pass --speculative-eagle-topk 1")
+    _check_adaptive(server_args)
+    _check_parallel(server_args)
+    if getattr(server_args, "attention_backend", None) is not None:
+        attention, verify_attention = check_attention(server_args)
+        if verify_attention == "chain":
+            _check_kv_cache(server_args)
+    else:
+        for flag, field in (("--prefill-attention-backend", "prefill_attention_backend"),
+                            ("--decode-attention-backend", "decode_attention_backend")):
+            given = getattr(server_args, field, None)
+            if given and given not in SUPPORTED_ATTENTION_BACKENDS:
+                raise VerifyGraphConfigError(
+                    f"supports the {', '.join(SUPPORTED_ATTENTION_BACKENDS)} attention backends "
+                    "for target verify", flag, given, f"pass {flag} triton or remove it")
+    if _decode_graph_backend(server_args) is None:  # raw flags only; a given config is resolved later
+        _check_cuda_graph(server_args)
 
 
 def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optional[VerifyGraphConfig]:

@@ -14,7 +14,8 @@ Hooks (``HookRegistry`` kinds: AFTER ``hook(result, *args, **kwargs)``, AROUND
 
 * CLI (every process), bodies in ``cli.py``: ``ServerArgs.add_cli_args`` AFTER (the flags),
   ``ServerArgs.from_cli_args`` AROUND (records them, one-line errors), the validation point
-  (0.5.16 ``ServerArgs.__post_init__`` / 0.5.23 ``ServerArgs.resolve_once``, AFTER) and
+  (0.5.16 ``ServerArgs.__post_init__`` / 0.5.23 ``ServerArgs.resolve_once``; BEFORE: the given
+  values, so the one line comes first on a machine without a GPU; AFTER: the resolved ones) and
   ``ConfigArgumentMerger.merge_config_with_args`` AROUND (``--config`` YAML conflicts).
 * Runtime (where the flag is on), bodies here: SGLang's ``triton`` attention factory (the EAGLE
   topk=1 target gets ``ChainVerifyTritonBackend``); 0.5.16 ``capture_decode_graph`` / 0.5.23
@@ -154,6 +155,7 @@ def cli_hooks() -> list[Hook]:
     return [
         (adapter.ADD_CLI_ARGS, cli.add_cli_args_hook, adapter.HookType.AFTER),
         (adapter.FROM_CLI_ARGS, cli.from_cli_args_hook, adapter.HookType.AROUND),
+        (adapter.VALIDATION_POINT, cli.pre_resolution_hook, adapter.HookType.BEFORE),
         (adapter.VALIDATION_POINT, validate, adapter.HookType.AFTER),
         (adapter.CONFIG_MERGER, cli.merge_config_hook, adapter.HookType.AROUND),
     ]

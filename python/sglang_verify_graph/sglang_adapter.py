@@ -100,6 +100,14 @@ def load_plugins() -> None:
     load()
 
 
+def kill_process_tree(pid: int, wait_timeout: float = 60) -> None:
+    """SGLang's ``kill_process_tree``: ``pid`` and every process it started; waits up to
+    ``wait_timeout`` s for them to exit."""
+    from sglang.srt.utils import kill_process_tree as kill
+
+    kill(pid, wait_timeout=wait_timeout)
+
+
 def argv_requests_flag(flag: str) -> bool:
     """Whether this process's command line names ``flag``."""
     return flag in sys.argv

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from sglang_verify_graph import demo
+from sglang_verify_graph import demo, demo_report, demo_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -36,7 +36,7 @@ def _flag_value(cmd, flag):
 
 def test_only_ours_has_the_flag_and_the_rest_is_shared():
     a = _args()
-    cmds = {m: demo.server_command(m, a, 31000) for m in demo.RUN_ORDER}
+    cmds = {m: demo.server_command(m, a, 31000) for m in demo_report.RUN_ORDER}
     assert [m for m, c in cmds.items() if "--enable-verify-cuda-graph" in c] == ["ours"]
     assert cmds["ours"] == cmds["upstream"] + ["--enable-verify-cuda-graph"]
     for m, c in cmds.items():
@@ -61,7 +61,7 @@ def test_only_ours_has_the_flag_and_the_rest_is_shared():
 def test_server_args_go_last_on_every_server_and_model_choice():
     a = _args("--server-args", "--mem-fraction-static 0.6", "--model", "kimi-small",
               "--context", "4096", "--concurrency", "16")
-    for m in demo.RUN_ORDER:
+    for m in demo_report.RUN_ORDER:
         c = demo.server_command(m, a, 1)
         assert c[-2:] == ["--mem-fraction-static", "0.6"], m
         assert _flag_value(c, "--model-path") == "/w/models/kimi-small"
@@ -100,14 +100,14 @@ def test_bad_input_is_one_usage_line_naming_the_flag(argv, flag, capsys):
 # ----------------------------------------------------------------------------- arithmetic
 
 def test_step_time_arithmetic():
-    assert demo.decode_steps("plain", {"spec_verify_ct": 99}, 64) == 63
-    assert demo.decode_steps("upstream", {"spec_verify_ct": 21}, 64) == 21
-    assert demo.decode_steps("ours", {"spec_verify_ct": 0}, 64) is None
-    assert demo.decode_steps("ours", {}, 64) is None
-    assert demo.step_ms(0.050, 0.680, 63) == pytest.approx(10.0)
-    assert demo.step_ms(0.05, 0.68, None) is None
-    assert demo.ratio(3.0, 2.0) == 1.5 and demo.ratio(None, 2.0) is None and demo.ratio(1.0, 0) is None
-    assert demo.median([None, 3.0, 1.0, 2.0]) == 2.0 and demo.median([None]) is None
+    assert demo_report.decode_steps("plain", {"spec_verify_ct": 99}, 64) == 63
+    assert demo_report.decode_steps("upstream", {"spec_verify_ct": 21}, 64) == 21
+    assert demo_report.decode_steps("ours", {"spec_verify_ct": 0}, 64) is None
+    assert demo_report.decode_steps("ours", {}, 64) is None
+    assert demo_report.step_ms(0.050, 0.680, 63) == pytest.approx(10.0)
+    assert demo_report.step_ms(0.05, 0.68, None) is None
+    assert demo_report.ratio(3.0, 2.0) == 1.5 and demo_report.ratio(None, 2.0) is None and demo_report.ratio(1.0, 0) is None
+    assert demo_report.median([None, 3.0, 1.0, 2.0]) == 2.0 and demo_report.median([None]) is None
 
 
 def _profile_line(bs, verify, cycle, accept="1.000"):
@@ -121,12 +121,12 @@ def test_profile_picks_the_windows_at_one_batch_size():
     lines = [_profile_line("1.000", 4.0, 9.0), _profile_line("1.000", 6.0, 11.0),
              _profile_line("1.000", 5.0, 10.0), _profile_line("4.500", 50.0, 60.0),
              _profile_line("8.000", 7.5, 15.0), "an unrelated line bs=1.000 verify_ms=99\n"]
-    p1 = demo.profile_at_batch(lines, 1)
+    p1 = demo_report.profile_at_batch(lines, 1)
     assert p1["verify_ms"] == 5.0 and p1["cycle_ms"] == 10.0 and p1["lines"] == 3
     assert p1["draft_ms"] == 1.0 and p1["accept_length"] == 1.0
-    p8 = demo.profile_at_batch(lines, 8)
+    p8 = demo_report.profile_at_batch(lines, 8)
     assert p8["verify_ms"] == 7.5 and p8["lines"] == 1
-    assert demo.profile_at_batch(lines, 2) is None
+    assert demo_report.profile_at_batch(lines, 2) is None
 
 
 # ----------------------------------------------------------------------------- table
@@ -148,12 +148,12 @@ def _modes(ours_state=None, ours_ids=None):
 
 
 def test_table_from_a_synthetic_result():
-    rows = demo.build_rows(_modes(), 8)
+    rows = demo_report.build_rows(_modes(), 8)
     assert [r["mode"] for r in rows] == ["plain", "upstream", "ours"]
     ours = rows[2]
     assert ours["step_per_plain"] == 1.5 and ours["verify_per_plain_step"] == 0.5
     assert rows[1]["step_per_plain"] == 2.5 and rows[1]["verify_per_plain_step"] == 1.5
-    text = demo.format_table(rows, 8).splitlines()
+    text = demo_report.format_table(rows, 8).splitlines()
     assert [h.strip() for h in text[0].split("|")] == [
         "mode", "step ms (c=1)", "step / plain", "verify ms (device)", "verify / plain step",
         "accept len", "tok/s c=1", "tok/s c=8"]
@@ -169,11 +169,11 @@ def test_verify_at_the_second_load_level_line():
     modes = _modes()
     modes["upstream"]["profile_cN"] = {"verify_ms": 9.793}
     modes["ours"]["profile_cN"] = None
-    assert demo.verify_at_concurrency_line(modes, 8) == "verify ms (device) at c=8: upstream 9.79, ours -"
+    assert demo_report.verify_at_concurrency_line(modes, 8) == "verify ms (device) at c=8: upstream 9.79, ours -"
 
 
 def test_counter_lines():
-    lines = demo.counter_lines(_modes())
+    lines = demo_report.counter_lines(_modes())
     assert lines[0].startswith("counters upstream: no verify_cuda_graph state")
     assert "replays=200 verify_steps=200 fallbacks=0" in lines[1] and "rank 0" in lines[1]
 
@@ -182,23 +182,23 @@ def test_counter_lines():
 
 def test_replay_check():
     ok = [{"replays": 10, "verify_steps": 10, "fallback_total": 0}]
-    assert demo.replay_failure(ok) is None
-    assert "no verify_cuda_graph state" in demo.replay_failure([None])
-    assert "no verify_cuda_graph state" in demo.replay_failure([])
-    assert "counted no verify step" in demo.replay_failure(
+    assert demo_report.replay_failure(ok) is None
+    assert "no verify_cuda_graph state" in demo_report.replay_failure([None])
+    assert "no verify_cuda_graph state" in demo_report.replay_failure([])
+    assert "counted no verify step" in demo_report.replay_failure(
         [{"replays": 0, "verify_steps": 0, "fallback_total": 0}])
-    line = demo.replay_failure([{"replays": 9, "verify_steps": 10, "fallback_total": 1,
+    line = demo_report.replay_failure([{"replays": 9, "verify_steps": 10, "fallback_total": 1,
                                  "fallbacks": {"bs_over_capture": 1}}])
     assert "replayed 9 of 10" in line and "bs_over_capture" in line
-    assert "rank 1" in demo.replay_failure(ok + [{"replays": 3, "verify_steps": 4, "fallback_total": 1}])
+    assert "rank 1" in demo_report.replay_failure(ok + [{"replays": 3, "verify_steps": 4, "fallback_total": 1}])
 
 
 def test_parity_check():
-    assert demo.parity_failure({"plain": [1, 2, 3], "upstream": [1, 2, 3], "ours": [1, 2, 3]}) is None
-    line = demo.parity_failure({"plain": [1, 2, 3], "upstream": [1, 2, 3], "ours": [1, 9, 3]})
+    assert demo_report.parity_failure({"plain": [1, 2, 3], "upstream": [1, 2, 3], "ours": [1, 2, 3]}) is None
+    line = demo_report.parity_failure({"plain": [1, 2, 3], "upstream": [1, 2, 3], "ours": [1, 9, 3]})
     assert "ours differs from plain at output token 1" in line and "(9 vs 2" in line
-    assert "at output token 2" in demo.parity_failure({"plain": [1, 2, 3], "ours": [1, 2]})
-    assert "no concurrency-1 output from upstream" in demo.parity_failure(
+    assert "at output token 2" in demo_report.parity_failure({"plain": [1, 2, 3], "ours": [1, 2]})
+    assert "no concurrency-1 output from upstream" in demo_report.parity_failure(
         {"plain": [1], "upstream": None, "ours": [1]})
 
 
@@ -228,7 +228,7 @@ def test_main_passes_and_writes_the_table(monkeypatch, tmp_path, capsys):
     assert "mode     | step ms (c=1) |" in cap.out and "not a speed-up" in cap.out
     assert "counters ours rank 0: runner=VerifyCudaGraphRunner replays=200" in cap.out
     assert "verify ms (device) at c=8: upstream" in cap.out
-    assert report["failures"] == [] and [r["mode"] for r in report["table"]] == list(demo.TABLE_ORDER)
+    assert report["failures"] == [] and [r["mode"] for r in report["table"]] == list(demo_report.TABLE_ORDER)
     assert report["table"][2]["tok_s_c8"] == 520.5 and "not a speed-up" in report["note"]
     assert "--enable-verify-cuda-graph" in report["commands"]["ours"]
     assert "--enable-verify-cuda-graph" not in report["commands"]["upstream"]
@@ -253,17 +253,17 @@ def test_progress_prints_elapsed_and_the_last_log_line(tmp_path):
     log = tmp_path / "s.log"
     log.write_text("loading weights\nCapture cuda graph bs [1, 2, 4, 8]\n\n")
     buf = io.StringIO()
-    p = demo.Progress("ours", str(log), every_s=5, stream=buf)
+    p = demo_server.Progress("ours", str(log), every_s=5, stream=buf)
     for t in (0.0, 1.0, 4.9, 5.0, 7.0, 10.2):
         p.update(t)
     lines = buf.getvalue().splitlines()
     assert len(lines) == 3, lines  # every 5 s off a terminal
     assert lines[1] == "  ours: starting,    5 s | Capture cuda graph bs [1, 2, 4, 8]"
-    assert demo.last_log_line(str(tmp_path / "missing.log")) == ""
+    assert demo_server.last_log_line(str(tmp_path / "missing.log")) == ""
     log.write_text("Load weight begin\n/x.py:3: UserWarning: old\n  warnings.warn(\n")
-    assert demo.last_log_line(str(log)) == "Load weight begin"  # a warning's echo is skipped
+    assert demo_server.last_log_line(str(log)) == "Load weight begin"  # a warning's echo is skipped
     log.write_text("")
-    demo.Progress("plain", str(log), stream=buf).update(0.0)
+    demo_server.Progress("plain", str(log), stream=buf).update(0.0)
     assert buf.getvalue().splitlines()[-1] == "  plain: starting,    0 s | (log empty so far)"
 
 
@@ -272,8 +272,8 @@ def test_start_failure_is_one_line_with_the_log(tmp_path):
     pytest.importorskip("psutil")
     log = tmp_path / "server_ours.log"
     cmd = [sys.executable, "-c", "import sys; print('RuntimeError: no GPU'); sys.exit(3)"]
-    with pytest.raises(demo.DemoError) as ex:
-        demo.start_server("ours", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 30)
+    with pytest.raises(demo_report.DemoError) as ex:
+        demo_server.start_server("ours", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 30)
     msg = str(ex.value)
     assert "\n" not in msg and "exited with code 3" in msg and str(log) in msg
     assert "RuntimeError: no GPU" in msg
@@ -286,8 +286,8 @@ def test_start_timeout_stops_the_server(tmp_path):
     pidfile = tmp_path / "pid"
     cmd = [sys.executable, "-c",
            f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"]
-    with pytest.raises(demo.DemoError) as ex:
-        demo.start_server("plain", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 1.5)
+    with pytest.raises(demo_report.DemoError) as ex:
+        demo_server.start_server("plain", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 1.5)
     assert "not healthy after 2 s (--start-timeout)" in str(ex.value) and str(log) in str(ex.value)
     import psutil
 

@@ -108,15 +108,17 @@ def test_poison_fills_every_static_input_and_checks_addresses():
     assert runner.counters.selftest["addresses_stable"] is False
 
 
-def test_every_selftest_method_the_runner_calls_exists():
-    """The runner calls the self-test only under SGLANG_VERIFY_GRAPH_SELFTEST (GPU); a renamed or
-    dropped method would first fail inside the scheduler. Read the calls from the source."""
+def test_every_probe_method_the_runner_calls_exists_and_the_selftest_overrides_it():
+    """The runner calls its probe (``NO_PROBE`` by default, ``GraphSelfTest`` under
+    SGLANG_VERIFY_GRAPH_SELFTEST, GPU only); a renamed or dropped method would first fail inside
+    the scheduler. Read the calls from the source."""
     import inspect
     import re
 
     from sglang_verify_graph import runner
 
-    called = set(re.findall(r"self\.selftest\.(\w+)\(", inspect.getsource(runner)))
-    assert {"poison", "inject_nan", "restore_nan", "compare"} <= called
-    missing = [m for m in called if not callable(getattr(st.GraphSelfTest, m, None))]
-    assert not missing, missing
+    called = set(re.findall(r"self\.probe\.(\w+)\(", inspect.getsource(runner)))
+    assert called == {"before_load", "after_load", "after_enqueue", "after_replay"}
+    for name in called:
+        assert callable(getattr(st.VerifyProbe, name, None)), name
+        assert getattr(st.GraphSelfTest, name) is not getattr(st.VerifyProbe, name), name
