@@ -8,7 +8,7 @@
 ``scripts/gpu_job.sh`` sets up the GPU machine (bundle, kernel caches, plugin install, dummy
 models) and then runs ``python3 test/run_suite.py $SUITE``; it packs the logs and caches after.
 
-A NAME is a suite of ``SUITES`` (``kernel``, ``selftest``, ``e2e``, ``mla``, ``reliability``,
+A NAME is a suite of ``SUITES`` (``demo``, ``kernel``, ``selftest``, ``e2e``, ``mla``, ``reliability``,
 ``profile``, ``bench``, ``kbench``, ``capture``, ``all``), one stage of a suite (e.g. ``nan``,
 ``sanitizer``, ``accept``), ``wait`` (a barrier: wait for the stages running at once; the rest run
 one at a time) or ``-NAME`` (leave that suite's or stage's stages out: ``reliability -sanitizer``).
@@ -109,8 +109,13 @@ class Stage:
 
     @property
     def files(self) -> list[str]:
-        """The test files and scripts the stage runs (paths relative to the repo root)."""
-        return [c for c in self.cmd if isinstance(c, str) and c.endswith(".py") and "/" in c]
+        """The test files, scripts and package modules (``-m sglang_verify_graph.X``) the stage runs
+        (paths relative to the repo root)."""
+        files = [c for c in self.cmd if isinstance(c, str) and c.endswith(".py") and "/" in c]
+        for flag, mod in zip(self.cmd, self.cmd[1:]):
+            if flag == "-m" and isinstance(mod, str) and mod.startswith("sglang_verify_graph."):
+                files.append("python/sglang_verify_graph/" + mod.split(".", 1)[1] + ".py")
+        return files
 
     def stages(self, environ: Mapping[str, str]) -> list["Stage"]:
         return [self]
@@ -268,8 +273,18 @@ CAPTURE_ST = Stage(  # repeated engine starts: 316 s for 3 repeats x 2 modes on 
     "CAPTURE_TMO", 300, 320, kind="bench", extra=Arg("CAPTURE_ARGS"), alone=True, report="capture",
     results="capture_results.json")
 
+DEMO_ST = Stage(  # three server starts (~60-140 s each, the first compiles Triton on a cold cache) + ~10 s of requests each
+    "demo", ("python3", "-m", "sglang_verify_graph.demo", "--workdir", "{work}/demo", "--out",
+             "{work}/demo_results.json"),
+    "DEMO_TMO", 480, 250, kind="bench", extra=Arg("DEMO_ARGS"), alone=True, report="demo",
+    results="demo_results.json")
+
 # ------------------------------------------------------------------------------ the suites
 SUITES: dict[str, Suite] = {
+    "demo": Suite(
+        "the main job: python -m sglang_verify_graph.demo (plain / upstream EAGLE-3 / ours on the "
+        "stock server, concurrency 1 and 8, counters, one table; DEMO_ARGS, e.g. --model kimi-small)",
+        250, (DEMO_ST,)),
     "kernel": Suite(
         "the chain verify attention kernel in bf16 on the real shapes (Llama-8B GQA, Kimi MLA) against "
         "a float64 reference: page edges, mixed lengths, 2-6 draft tokens, both row tilings", 45, (KERNEL_ST,)),
@@ -314,7 +329,7 @@ def _suite_stages(name: str, environ: Mapping[str, str]) -> list[Stage]:
     return out
 
 
-_ALL = ("kernel", "selftest", "mla", "reliability", "e2e", "profile", "kbench", "bench")
+_ALL = ("demo", "kernel", "selftest", "mla", "reliability", "e2e", "profile", "kbench", "bench")
 SUITES["all"] = Suite(  # one stage at a time: the sum of the stages' estimates
     "every suite above, one stage at a time, except capture (repeated engine starts: run it alone); "
     "raise TOTAL_S", sum(s.est_s for n in _ALL for s in _suite_stages(n, {})), _ALL)
@@ -674,6 +689,9 @@ class Runner:
             for ln in [ln for ln in lines if ln.startswith("CAPTURE run ")]:
                 self.say(ln[:300])
             to_summary([ln[:400] for ln in lines if ln.startswith("RESULT ")][-30:])
+        elif report == "demo":  # the counters and the table (from the first counter line on)
+            start = next((i for i, ln in enumerate(lines) if ln.startswith("counters ")), len(lines))
+            to_summary([ln[:300] for ln in lines[start:]][-30:])
         elif report == "kbench":  # the kernel tables (everything after the per-point KERNEL lines)
             to_summary([ln[:300] for ln in lines if not ln.startswith("KERNEL {")][-60:])
 

@@ -23,6 +23,7 @@ import run_suite as rs  # noqa: E402
 
 # what each suite must run: the test files and scripts, by purpose
 WANT_FILES = {
+    "demo": {"python/sglang_verify_graph/demo.py"},
     "kernel": {"test/gpu/test_chain_kernel_gpu.py"},
     "selftest": {"test/gpu/test_runner_selftest.py"},
     "e2e": {"test/e2e/test_server_e2e.py"},
