@@ -1,12 +1,12 @@
 """The plain-decode baseline measured twice in one bench call (``bench_verify.py --plain-twice``).
 
 Every verify/decode ratio of ``bench_verify.py`` divides by one plain engine's median decode
-replay. Run 12 (``docs/benchmarks.md`` section 10.2) showed one plain engine start reading 8-34%
-slow at 11 of 18 points against the plain engines of the two calls before it (same flags), while
-the ours and upstream engines beside it read as in those calls: a slow start inflates the
+replay. One plain engine start has been measured reading 8-34% slow at 11 of 18 points against
+the plain engines of two earlier calls with the same flags (``docs/benchmarks.md``), while the
+ours and upstream engines beside it read as in those calls: a slow start inflates the
 baseline and flatters every ratio. ``--plain-twice`` starts a second plain engine at the end of
-the call (key ``plain_end``), so the call carries its own check (METHOD.md: time the same version
-twice; a difference smaller than that spread is noise).
+the call (key ``plain_end``), so the call carries its own check (the same version timed twice; a
+difference smaller than that spread is noise).
 """
 
 from __future__ import annotations

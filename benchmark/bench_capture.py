@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Capture time and graph memory of the target's verify graphs, ours vs upstream, over repeated
-engine starts (issue #4 target: capture time and graph memory no larger than upstream's).
+engine starts (target: capture time and graph memory no larger than upstream's).
 
     python3 benchmark/bench_capture.py [--repeats 3] [--modes ours,upstream] [--out capture_results.json]
         [bench_verify.py engine flags: --model llama-8b --steps 2 --batch-sizes 1,8 --mem 0.8 --prefix-cache ...]
 
 One pair of engine starts cannot separate a 0.2 s capture difference from the run-to-run spread
-(run 8 vs run 10, same configuration: ours / upstream 0.79x vs 1.17x; ``docs/benchmarks.md``
-section 9.2). This runs each mode ``--repeats`` times, each in a fresh ``sglang.Engine``
+(two single starts of the same configuration: ours / upstream 0.79x vs 1.17x; ``docs/benchmarks.md``
+section 4). This runs each mode ``--repeats`` times, each in a fresh ``sglang.Engine``
 subprocess (``bench_verify.py --child MODE --capture-only``: start-up, capture, shut down, no
 generation), alternating the order per repeat (ours, upstream / upstream, ours, ...) so neither
 mode always starts on a cold page cache or after the other's teardown. Each engine's capture time
 (s) and memory (GiB = 2**30 bytes) come from its log line (``capture_log.target_capture``: the
 whole runner construction, buffers + every bucket's warm-up and capture), with the free GPU memory
 SGLang logs once the target's graphs exist (the comparable figure where the drop reads negative,
-as on the Kimi shape in run 12). Prints one table
+as on the Kimi shape, ``docs/benchmarks.md`` section 4). Prints one table
 (median, min, max per mode; ours / upstream of the medians and the per-repeat paired ratios) and
 writes ``--out`` (JSON). The engine flags are ``bench_verify.py``'s, so the buckets and pool match
 the sweep being judged; one ``--steps`` value per run.

@@ -11,7 +11,7 @@ Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory 
   ours      the same with env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` (the plugin's VerifyCudaGraphRunner);
   plain_end with ``--plain-twice``: a second ``plain`` engine, started last; per point the decode
             baseline is the lower of the two medians and points whose medians differ by > 5% are
-            listed (``RESULT baseline`` lines; ``baseline.py``: run 12 had one plain engine read
+            listed (``RESULT baseline`` lines; ``baseline.py``: one plain engine start has read
             8-34% slow);
   ours_profile  ``ours`` with the per-phase profile on (``SGLANG_VERIFY_GRAPH_PROFILE_EVERY``
             = ``--profile-every``, default 20): the decode part of its ``--new-tokens``
@@ -19,7 +19,7 @@ Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory 
             in percent): ``(tn - t1_mean) / (tn' - t1_mean) - 1`` with ``t1_mean`` the mean
             1-token (prefill) time of the two engines, divided by the verify steps when their
             counts differ. Each engine's own ``t1`` would carry the noise of one 1-token request
-            (32.3 vs 28.7 ms on the H200, run 8); leaving prefill in ``tn`` would dilute the
+            (32.3 vs 28.7 ms measured on an H200); leaving prefill in ``tn`` would dilute the
             ratio (no radix cache: prefill is up to 78% of ``tn`` at 8k, bs 8). Its
             ``verify_graph_profile`` log lines
             (parsed from the mode's log) give the phase-sum check: mean cycle time (device) vs
@@ -39,7 +39,7 @@ decode, target verify, draft decode, draft extend; host time per replay; and e2e
 With dummy random weights no draft token is accepted (accept length 1.0): this measures the cost
 of a speculation cycle, not a speed-up. Prints one table and writes ``--out`` (JSON).
 
-``--prefix-cache`` (for the issue #4 sweep): the radix cache is on and request i of a context has
+``--prefix-cache`` (for large sweeps): the radix cache is on and request i of a context has
 the same prompt at every batch size, so each context's prompts are prefilled once (by the first
 point's warm-up) and the 1-token and N-token requests hit the cache. Without it every point
 prefills bs x context tokens three times (warm-up, 1-token, N-token requests): at 16k x bs 32
@@ -96,7 +96,7 @@ def bench_prompts(ctx: int, bs: int, vocab: int, shared: bool) -> list:
 
     ``shared`` (``--prefix-cache``): prompt ``i`` depends on ``(ctx, i)`` only, so a larger batch
     at the same context starts with the smaller batch's prompts (radix-cache hits); otherwise the
-    batch is drawn from one seed per ``(ctx, bs)`` (the method of runs 1-9)."""
+    batch is drawn from one seed per ``(ctx, bs)``."""
     if shared:
         return [_prompt(random.Random(1000003 * ctx + i), ctx, vocab) for i in range(bs)]
     rng = random.Random(1000 * ctx + bs)

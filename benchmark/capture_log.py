@@ -1,4 +1,4 @@
-"""Capture cost of the target's verify graphs, read from a bench engine's log (issue #4 target:
+"""Capture cost of the target's verify graphs, read from a bench engine's log (target:
 capture time and graph memory no larger than upstream's).
 
 Two log lines, both measured around the whole runner construction (buffers + every bucket's
@@ -10,15 +10,15 @@ warm-up and ``torch.cuda.graph`` capture), memory as the drop in free GPU memory
 * upstream / plain: ``Capture target verify|decode CUDA graph end. elapsed=<s> s, mem usage=<gib> GB``
   (SGLang 0.5.16 ``model_runner_components/cuda_graph_setup.capture_decode_graph``).
 
-The drop can read negative (run 12, Kimi shape at num_steps 2: -0.557 GiB for ours, -0.17 GiB
+The drop can read negative (Kimi shape at num_steps 2: -0.557 GiB for ours, -0.17 GiB
 for upstream's graph in every start; upstream's reads -0.32 to +0.29 GiB at other draft lengths):
 the target's construction frees memory that was held before it, so the drop is no graph-memory
 figure there. What both modes can be compared on is the free GPU memory once the target's graphs
 exist (``free_after_gib``): the ``avail mem=<GiB> GB`` of the next SGLang ``Capture ... CUDA graph
 begin`` line after the target's (the EAGLE-3 draft's first graph, captured right after the
-target's; in run 12 it equals the ``avail mem`` of upstream's own capture end line). None when the
-next capture line is missing (a plain server, the draft's graphs disabled). Like the drop it is
-GPU-wide: meaningless while another process shares the GPU (``PARALLEL=1``).
+target's; on the Kimi shape it equals the ``avail mem`` of upstream's own capture end line). None
+when the next capture line is missing (a plain server, the draft's graphs disabled). Like the drop
+it is GPU-wide: meaningless while another process shares the GPU (``PARALLEL=1``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def free_after_diff(ours_gib: float | None, upstream_gib: float | None) -> float
 
 def memory_ratio(ours_gib: float, upstream_gib: float, digits: int = 2) -> float | None:
     """Ours / upstream graph memory, or None unless both are positive drops (a server sharing the
-    GPU can read negative, run 10: -0.946 GiB)."""
+    GPU can read negative, e.g. -0.946 GiB)."""
     return round(ours_gib / upstream_gib, digits) if ours_gib > 0 and upstream_gib > 0 else None
 
 

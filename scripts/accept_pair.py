@@ -7,7 +7,7 @@ writes ``OUT_DIR/llama-pair`` (LlamaForCausalLM) and ``OUT_DIR/llama-pair-eagle3
 (LlamaForCausalLMEagle3): config.json, tokenizer (``sglang_verify_graph.dummy_models.write_model``) and
 ``model.safetensors`` with every weight SGLang loads, plus ``pair_maps.json`` (the maps below).
 Random dummy weights give an accept length of 1.0 (the draft never agrees), so accept-length
-bookkeeping bugs (sgl-project/sglang#16974, ``../shared/docs/bug_log.md`` 3) cannot show; this
+bookkeeping bugs (sgl-project/sglang#16974) cannot show; this
 pair makes every accepted count 0..num_steps occur, mixed within a batch, and predictable.
 
 Construction (``H`` hidden, ``V`` vocab, ``V <= H / 2``; ``e_t`` = unit vector ``t``, ``u_t`` =

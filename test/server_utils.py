@@ -119,7 +119,7 @@ def stop_server(proc) -> None:
     ``ShutdownReq`` lets the schedulers exit in user space), and the wrapper gets up to
     ``VERIFY_GRAPH_SERVER_STOP_GRACE_S`` seconds (default 120) to exit by itself: compute-sanitizer
     writes its ``ERROR SUMMARY`` only when its targets have exited, and a SIGKILLed frontend leaves
-    a report with no summary (run 10 call 2). If the server has already exited, the wrapper is only
+    a report with no summary. If the server has already exited, the wrapper is only
     waited for. Then every process of the tree still alive (listed before the signal, so that none
     is lost when the wrapper is reaped) is killed, and the wrapper with SGLang's
     ``kill_process_tree``; unwrapped servers get that at once."""

@@ -1,7 +1,7 @@
-"""CPU tier: the constructed target/draft pair of ``scripts/accept_pair.py`` (issue #6, item 3).
+"""CPU tier: the constructed target/draft pair of ``scripts/accept_pair.py``.
 
 Failure mode guarded (on the GPU, by ``test/e2e/test_accept_length_e2e.py``): accept length
-drops under graphs while the text still looks fine (sgl-project/sglang#16974, bug_log 3); random
+drops under graphs while the text still looks fine (sgl-project/sglang#16974); random
 dummy weights cannot show it (accept length 1.0). Here, on CPU: the weights really implement
 the maps (a float32 / bfloat16 re-computation of the Llama and LlamaForCausalLMEagle3 layer
 arithmetic of SGLang 0.5.16: RMSNorm with eps, SiLU-gated MLP, zero attention output), and

@@ -1,8 +1,8 @@
-"""CPU tier: which attention backends the verify graph serves and how (``backends.py``; issue #3).
+"""CPU tier: which attention backends the verify graph serves and how (``backends.py``).
 
 Failure modes guarded: a backend the graph cannot serve starting a server that silently runs
 upstream's verify; a hybrid prefill/decode backend routing TARGET_VERIFY through the other
-phase's backend; issue #3 trap (b): an MHA EAGLE-3 draft on an MLA-only target backend
+phase's backend; an MHA EAGLE-3 draft on an MLA-only target backend
 (``flashmla``), which SGLang 0.5.16 lets start and then crashes at draft
 backend init (``'ModelConfig' object has no attribute 'kv_lora_rank'``); the chain kernel's
 limits (quantized KV) wrongly applied to native backends; the capture hook giving our runner to

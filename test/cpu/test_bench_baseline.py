@@ -2,9 +2,9 @@
 baseline measured by two engines in one call.
 
 Failure mode guarded: every verify/decode ratio rests on one plain engine's medians, and one
-engine start can read slow at most points (run 12 call 4: 8-34% at 11 of 18 points against calls 2
-and 3, e.g. 16k bs 1 1.617 ms against 1.233 and 1.237; ``docs/benchmarks.md`` section 10.2), which
-flatters every ratio of that call without any sign in its own output.
+engine start can read slow at most points (measured: 8-34% at 11 of 18 points against two earlier
+calls with the same flags, e.g. 16k bs 1 1.617 ms against 1.233 and 1.237; ``docs/benchmarks.md``),
+which flatters every ratio of that call without any sign in its own output.
 """
 
 import json
@@ -36,7 +36,7 @@ def _phase(ctx, bs, decode=None, verify=None):
 
 
 def test_rows_use_the_lower_decode_and_the_table_lists_the_drifting_points():
-    """Run 12 call 4's slow plain figures (first engine) against calls 2-3's (second)."""
+    """Measured slow plain figures (first engine) against two earlier calls' (second)."""
     a = bv.parse_args(["--contexts", "1024,16384", "--batch-sizes", "1", "--steps", "5", "--plain-twice"])
     modes = {"plain": {"phases": [_phase(1024, 1, 1.386), _phase(16384, 1, 1.617)]},
              "plain_end": {"phases": [_phase(1024, 1, 1.031), _phase(16384, 1, 1.619)]},

@@ -1,8 +1,8 @@
-"""CPU tier: ``benchmark/bench_capture.py``, the repeated-start capture comparison (issue #4
-target: capture time and graph memory no larger than upstream's).
+"""CPU tier: ``benchmark/bench_capture.py``, the repeated-start capture comparison (target:
+capture time and graph memory no larger than upstream's).
 
-Failure modes guarded: the capture target judged from one engine start per mode (run 8 and run 10
-measured the same configuration as 0.79x and 1.17x), one mode always started first (page cache,
+Failure modes guarded: the capture target judged from one engine start per mode (two single starts
+of the same configuration measured 0.79x and 1.17x), one mode always started first (page cache,
 the previous engine's teardown), a failed engine silently dropped from the medians, a capture of
 several draft lengths mixed into one figure.
 """
@@ -71,7 +71,7 @@ def test_negative_memory_prints_no_ratio():
 
 
 def test_negative_drops_compare_on_free_memory_after_the_target_graphs():
-    """Run 12, call 5 (kimi-small, num_steps 2, two starts per mode): both drops read negative
+    """Measured on kimi-small (num_steps 2, two starts per mode): both drops read negative
     in every start; the medians of the free memory after the target's graphs are compared."""
     up = "upstream verify"
     runs = [_run(0, "ours", dict(_cap(2.56, -0.557), free_after_gib=29.57)),
@@ -103,7 +103,7 @@ def test_bad_flags_exit_2_naming_the_flag(argv, msg, capsys):
 
 
 def test_main_runs_each_engine_and_fails_on_a_missing_capture(tmp_path, monkeypatch, capsys):
-    """The engines replaced by a stand-in that writes each mode's real log line (run 11's
+    """The engines replaced by a stand-in that writes each mode's real log line (measured
     figures); the third upstream start logs none and the run must exit 1 with it reported."""
     starts = []
 

@@ -1,4 +1,4 @@
-"""CPU tier: benchmark/bench_verify.py's profile mode bookkeeping (issue #5): the overhead column
+"""CPU tier: benchmark/bench_verify.py's profile mode bookkeeping: the overhead column
 (``ours_profile`` decode time of the same generation over ``ours``'s) and the phase-sum check
 parsed from the profiler's log lines (cycle_mean_ms over the device span per cycle)."""
 
@@ -64,7 +64,7 @@ def test_unknown_mode_is_a_usage_error(capsys):
 
 def test_num_steps_sweep_keys_and_rows():
     """``--steps 1,3``: one engine per (mode, num_steps) keyed ``mode@k``, plain decode once, one
-    row per (num_steps, context, bs) with the shared decode baseline (issue #4's sweep)."""
+    row per (num_steps, context, bs) with the shared decode baseline."""
     a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1", "--steps", "1,3,3",
                        "--modes", "plain,ours,upstream"])
     assert a.steps_list == [1, 3] and a.steps == 3
@@ -86,7 +86,7 @@ def test_num_steps_sweep_keys_and_rows():
 def test_prefix_cache_prompts_are_shared_across_batch_sizes():
     """``--prefix-cache``: prompt i of a context is the same at every batch size (so the radix
     cache serves the larger batch's first prompts) and differs between contexts and indices;
-    without it each (context, bs) point draws its own prompts, as in runs 1-9."""
+    without it each (context, bs) point draws its own prompts."""
     small, big = bv.bench_prompts(256, 2, 32000, True), bv.bench_prompts(256, 8, 32000, True)
     assert big[:2] == small and len(big) == 8 and all(len(p) == 256 for p in big)
     assert len({tuple(p) for p in big}) == 8

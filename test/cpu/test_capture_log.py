@@ -1,9 +1,9 @@
 """CPU tier: ``benchmark/capture_log.py`` reads the verify-graph capture cost of each bench engine
-from its log (issue #4 target: capture time and graph memory no larger than upstream's).
+from its log (target: capture time and graph memory no larger than upstream's).
 
 Failure mode guarded: the capture target judged from the wrong line (the draft's graphs, the
 plain server's decode graph taken for upstream's verify) or from none. The lines are copied from
-run 10's engine logs (``docs/runs/run10_log_excerpts.txt``).
+real bench engine logs.
 """
 
 import os
@@ -53,7 +53,7 @@ def test_format_capture_ratios_pair_ours_with_upstream_of_the_same_steps(tmp_pat
 
 
 def test_format_capture_gives_no_memory_ratio_for_a_negative_reading(tmp_path):
-    """Under ``PARALLEL=1`` the free-memory drop can be negative (run 10: -0.946 GiB): the time
+    """Under ``PARALLEL=1`` the free-memory drop can be negative (measured: -0.946 GiB): the time
     ratio stays, the memory ratio is ``-``."""
     caps = {"ours": capture_log.target_capture(_log(tmp_path, "o", OURS.replace("0.133 GiB", "-0.946 GiB"))),
             "upstream": capture_log.target_capture(_log(tmp_path, "u", UPSTREAM))}
@@ -61,7 +61,7 @@ def test_format_capture_gives_no_memory_ratio_for_a_negative_reading(tmp_path):
     assert "RESULT capture ours / upstream: time 1.60x, memory -" in capture_log.format_capture(caps)
 
 
-# Run 12, call 2 (kimi-small, num_steps 2; docs/runs/run12_log_excerpts.txt): both drops read
+# kimi-small, num_steps 2 (docs/runs/capture_kimi_small_steps2_repeats.json): both drops read
 # negative in every start, and the draft's first capture line gives the free memory after the
 # target's graphs.
 KIMI_OURS = ("[2026-12-01 15:00:55] VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=[1, 2, 3, 4, 5, 6, "
@@ -77,7 +77,7 @@ KIMI_UPSTREAM = ("[2026-12-01 15:02:15] Capture target verify CUDA graph begin. 
                  "avail mem=29.23 GB.\n"
                  "[2026-12-01 15:02:18] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
                  "bs=[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32], avail mem=29.23 GB\n")
-# num_steps 1 has no draft decode graph: the draft extend capture is the next line (run 12, call 3)
+# num_steps 1 has no draft decode graph: the draft extend capture is the next line
 KIMI_OURS_STEPS1 = ("[2026-12-01 15:10:09] VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=[1, 2], "
                     "num_draft_tokens=2 tokens/request, attention=chain split-KV (MLA), 5.61 s, -0.578 GiB\n"
                     "[2026-12-01 15:10:09] Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=2, "

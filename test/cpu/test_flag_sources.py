@@ -1,4 +1,4 @@
-"""``--enable-verify-cuda-graph`` given with conflicting values by two sources (issue #6, item 8).
+"""``--enable-verify-cuda-graph`` given with conflicting values by two sources.
 
 Failure mode guarded: an operator's ``--config serve.yaml`` says ``enable-verify-cuda-graph:
 false`` while the command line (or a wrapper script) adds the flag, or the environment says

@@ -1,7 +1,7 @@
-"""CPU tier: the compute-sanitizer evidence of the GPU job's ``sanitizer`` stage (issue #6 item 1).
+"""CPU tier: the compute-sanitizer evidence of the GPU job's ``sanitizer`` stage.
 
 Failure modes guarded:
-* a memcheck report without ``ERROR SUMMARY`` taken as clean: run 10 call 2's server report held
+* a memcheck report without ``ERROR SUMMARY`` taken as clean: a server report has held
   only compute-sanitizer's banner, because the test teardown SIGKILLed the frontend with the
   server (``scripts/memcheck_verdict.py`` must call that ``no_summary``, and ``gpu_job.sh`` must
   fail the stage);

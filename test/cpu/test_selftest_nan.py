@@ -1,4 +1,4 @@
-"""CPU tier: the NaN-in-padded-rows mode of the in-server self-test (issue #6, item 9).
+"""CPU tier: the NaN-in-padded-rows mode of the in-server self-test.
 
 Failure mode guarded (on the GPU by ``test/gpu/test_nan_guard.py``): a NaN in a padded row of a
 verify replay reaching real rows (e.g. through a cross-row reduction), which SGLang's

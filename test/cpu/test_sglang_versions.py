@@ -70,7 +70,7 @@ _DRIVER = textwrap.dedent("""
         cls = ModelRunner._decode_cuda_graph_runner_cls(stub)
         out["runner_cls_ours"] = issubclass(cls, VerifyCudaGraphRunner)
         stub.attn_backend = object()
-        stub.is_draft_worker = True  # (an EAGLE topk=1 *target* without it is refused: F6)
+        stub.is_draft_worker = True  # (an EAGLE topk=1 *target* without it is refused)
         out["runner_cls_plain"] = ModelRunner._decode_cuda_graph_runner_cls(stub).__name__
     sa_obj = prepare_server_args(sys.argv[1:])
     if hasattr(sa_obj, "resolve_once"):

@@ -1,5 +1,5 @@
-"""CPU tier: the host-sync check of the verify step (``SGLANG_VERIFY_GRAPH_SYNC_CHECK``, issue #4
-item 2). Failure mode guarded (on the GPU by ``test/gpu/test_runner_selftest.py``-style server
+"""CPU tier: the host-sync check of the verify step (``SGLANG_VERIFY_GRAPH_SYNC_CHECK``).
+Failure mode guarded (on the GPU by ``test/gpu/test_runner_selftest.py``-style server
 runs with the check on): a blocking device-to-host sync creeping into the verify step between
 the verify forward and acceptance (e.g. an ``.item()`` in bookkeeping), which serialises the
 overlap scheduler. Here: the counting logic with PyTorch's sync-debug API replaced by a fake that
@@ -54,9 +54,9 @@ PROTOTYPE_NOTICE = ("Synchronization debug mode is a prototype feature and does 
 
 
 def test_the_debug_modes_prototype_notice_is_not_a_sync(fake_mode):
-    """Setting the debug mode makes PyTorch warn once that the mode is a prototype; run 8 on the
-    H200 counted that notice as a sync (1 in 88 verify steps). Only PyTorch's synchronizing-call
-    warning counts."""
+    """Setting the debug mode makes PyTorch warn once that the mode is a prototype; on an
+    H200 that notice was once counted as a sync (1 in 88 verify steps). Only PyTorch's
+    synchronizing-call warning counts."""
     check = sync_check.SyncCheck()
 
     def step():

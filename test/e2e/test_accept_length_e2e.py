@@ -1,17 +1,16 @@
-"""Server tier: accept-length equality on a target/draft pair with controlled agreement (issue #6,
-items 3 and 4).
+"""Server tier: accept-length equality on a target/draft pair with controlled agreement.
 
 Failure modes guarded:
 
-* accept length drops under CUDA graphs while the text still looks fine (sgl-project/sglang#16974,
-  ``../shared/docs/bug_log.md`` 3): the mean ``accept_length`` and the per-request histogram of
+* accept length drops under CUDA graphs while the text still looks fine (sgl-project/sglang#16974):
+  the mean ``accept_length`` and the per-request histogram of
   correct drafts per cycle (SGLang's ``spec_correct_drafts_histogram``) must be equal between our
   verify graph, upstream's graph and eager verify (``--disable-cuda-graph``), and equal to the
   prediction of ``scripts/accept_pair.simulate``;
 * a blocking host sync inside the verify step (verify forward + acceptance): every server runs
   with ``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1`` (``sync_check.py``, PyTorch's CUDA sync debug mode);
-  ours must report 0 synchronizing calls over all its verify steps (issue #4 item 2);
-* capture metadata built for the wrong tokens per request (bug_log 4): our server runs with
+  ours must report 0 synchronizing calls over all its verify steps;
+* capture metadata built for the wrong tokens per request: our server runs with
   ``--speculative-num-steps`` 1, 2, 3 and 5 (``num_draft_tokens`` 2..6 per request) and reports
   ``num_draft_tokens == num_steps + 1``; every verify step replays our graph (counter).
 

@@ -1,4 +1,4 @@
-"""Server tier: the per-phase profile on a real server (issue #5).
+"""Server tier: the per-phase profile on a real server.
 
 Failure modes guarded: the profile prints nothing or garbage on a real server (hooks on moved
 SGLang methods, events never drained); its cycle count or accept length disagreeing with
@@ -6,8 +6,8 @@ SGLang's own counters; the Prometheus metrics missing from ``/metrics``; the pha
 less than the GPU's timeline (a phase missed); the advisor unable to read a real log.
 
 Runs ``PROFILE_MODEL`` (default ``llama-8b``, dummy weights: GPU-bound, so the cycles fill the
-GPU timeline; ``llama-small`` is host-bound on the H200 and its cycles cover only ~70% of it,
-run 8 of ``docs/benchmarks.md``) twice:
+GPU timeline; ``llama-small`` is host-bound on the H200 and its cycles cover only ~70% of it)
+twice:
 ``plain`` (no speculation: wall ms per decode step, the advisor's ``--decode-ms``) and ``ours``
 with ``--verify-graph-profile-every 10 --enable-metrics``. Checks: ``verify_graph_profile`` lines
 in the log (8 requests x 128 tokens in one batch); summed ``cycles`` <= the verify counter and

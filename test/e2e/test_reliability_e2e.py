@@ -1,8 +1,8 @@
-"""Server tier: KV accounting, feature mix and sampling under our verify graph (issue #6, items
-5, 6 and 7). Servers run the constructed pair of ``scripts/accept_pair.py`` (deterministic greedy
-target: next token ``g(t)``; a draft agreeing on ~70% of ids), so outputs can be checked exactly.
+"""Server tier: KV accounting, feature mix and sampling under our verify graph. Servers run the
+constructed pair of ``scripts/accept_pair.py`` (deterministic greedy target: next token ``g(t)``;
+a draft agreeing on ~70% of ids), so outputs can be checked exactly.
 
-* **KV accounting** (sgl-project/sglang#31616, bug_log 6: KV slots leak with page size > 1):
+* **KV accounting** (sgl-project/sglang#31616: KV slots leak with page size > 1):
   1,000 requests with random lengths (the first six 63/64/65/127/128/129 tokens: page
   boundaries), shared prefixes (radix-cache hits), 10% aborted mid-way
   (``/abort_request``), at page size 1 and 64. Afterwards, idle: ``/flush_cache`` succeeds,
@@ -12,17 +12,18 @@ target: next token ``g(t)``; a draft agreeing on ~70% of ids), so outputs can be
   invariant while busy too, and ``SGLANG_CHECK_KV_PAGE_INVARIANTS=1`` adds the page checks to it;
   a hit there is SGLang's own assertion and crashes the scheduler, which the test reports);
   every verify step replayed our graph (buckets up to 24 = ``--max-running-requests``).
-* **Feature mix** (sglang#24283, bug_log 10: grammar / logprob requests crash the scheduler): one
+* **Feature mix** (sglang#24283: grammar / logprob requests crash the scheduler): one
   batch of JSON-schema requests (xgrammar), logprob + top-logprob requests and plain requests.
   Schemas hold; plain and logprob outputs equal the target's greedy chain (the run without the
   other requests); logprobs equal an eager-verify server's (``--disable-cuda-graph``) within
   1e-2.
-* **Sampling** (bug_log 8 territory): temperature 4 (the pair's logit margin 32 becomes 8: p(g(t)) ~ 0.85, so the
-  target is far from one-hot) and top-p 0.9, 48 requests on our server and on upstream's graph:
-  the mean accept length and accept rate agree within four standard errors, and some drafts are
-  accepted (rate > 0.05); then 16 requests at top-p 1.0 call no ``top_p_renorm_prob`` inside a
-  verify step (the 0.9 phase must have called it). Not seeded: SGLang 0.5.16 uses ``sampling_seed`` only with
-  ``--enable-deterministic-inference``, which the verify graph refuses.
+* **Sampling** (avoidable top-p renormalization in the verify): temperature 4 (the pair's logit
+  margin 32 becomes 8: p(g(t)) ~ 0.85, so the target is far from one-hot) and top-p 0.9, 48 requests
+  on our server and on upstream's graph: the mean accept length and accept rate agree within four
+  standard errors, and some drafts are accepted (rate > 0.05); then 16 requests at top-p 1.0 call no
+  ``top_p_renorm_prob`` inside a verify step (the 0.9 phase must have called it). Not seeded: SGLang
+  0.5.16 uses ``sampling_seed`` only with ``--enable-deterministic-inference``, which the verify
+  graph refuses.
 
 Env: ``E2E_MODELS_DIR``, ``E2E_LOG_DIR`` (server logs, reliab_results.json), ``RELIAB_REQUESTS``
 (default 1000).
@@ -137,8 +138,8 @@ def test_kv_accounting_after_aborts_and_prefix_hits(pair, page_size):
         tail = [rng.randrange(10, ap.VOCAB - 10) for _ in range(n_tail)]
         # fixed width: SGLang aborts every rid that *starts with* the given one
         jobs.append((f"kv{page_size}-{i:05d}", head + tail, rng.randrange(1, 40), rng.random() < 0.1))
-    # graphs up to 24 = max running requests: every verify step replays our graph (run 1 on
-    # 2026-12-01 captured up to 8, so 520 of 535 verify steps fell back to eager verify)
+    # graphs up to 24 = max running requests: every verify step replays our graph (with
+    # graphs captured up to 8 only, 520 of 535 verify steps fell back to eager verify)
     with _Server(pair, f"kv_page{page_size}", ["--enable-verify-cuda-graph", "--page-size",
                                                 str(page_size), "--max-running-requests", "24",
                                                 "--cuda-graph-max-bs-decode", "24"],

@@ -1,8 +1,8 @@
 """GPU tier: the chain verify kernel in bf16 on the real shapes, against the float64 reference.
 
 Fresh random inputs per case, NaN-poisoned outputs and scratch, random page tables; error bound
-for bf16 operands with fp32 accumulation: relative error < 2e-2 (METHOD.md: bf16 between 1e-3
-and 1e-2; the KV and q are bf16-rounded before the reference sees them, so typical is ~4e-3).
+for bf16 operands with fp32 accumulation: relative error < 2e-2 (the usual bf16 tolerance
+is 1e-3 to 1e-2; the KV and q are bf16-rounded before the reference sees them, so typical is ~4e-3).
 """
 
 import pytest

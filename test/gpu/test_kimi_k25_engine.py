@@ -1,5 +1,5 @@
 """GPU tier: the Kimi-K2.5 architecture name (``KimiK25ForConditionalGeneration``, a DeepseekV3 text
-model behind a vision tower) under the verify graph, through ``sglang.Engine`` (issue #3).
+model behind a vision tower) under the verify graph, through ``sglang.Engine``.
 
 Why the Engine and not ``python -m sglang.launch_server``: for a multimodal architecture SGLang
 0.5.16's tokenizer manager loads the checkpoint's HF processor even with

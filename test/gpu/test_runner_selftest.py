@@ -17,7 +17,7 @@ falling back silently (vllm#54933 class): it must fall back with a logged, count
 
 ``VERIFY_GRAPH_SELFTEST_NAN=1`` (gpu_job stage ``nan``) runs the same server with SGLang's NaN
 detection on and ``SGLANG_VERIFY_GRAPH_SELFTEST_NAN=1``: every padded row carries NaN through
-every layer of each padded replay (issue #6 item 9); real rows must stay finite and equal to
+every layer of each padded replay; real rows must stay finite and equal to
 eager, and SGLang's NaN detection must never fire.
 
 Env for slow runs (gpu_job stage ``sanitizer``: every kernel under compute-sanitizer memcheck, ~1.5 s
@@ -134,7 +134,7 @@ PAGE_EDGES = [63, 64, 65, 127, 128, 129]
 
 
 def test_page_boundary_lengths_equal_eager(server):
-    """Issue #3 item 3 (page size 64 on flashmla; every page size on the others): prompts of
+    """Page size 64 on flashmla, every page size on the others: prompts of
     63/64/65/127/128/129 tokens, so the first verify windows (prefix + num_draft_tokens) straddle
     a page edge; 6 requests run in the padded bucket 8. The self-test compares every replay with
     the eager forward."""
