@@ -61,3 +61,27 @@ def test_capture_hook_refuses_a_wrapped_chain_backend(flag_on):
         else:  # 0.5.16 captures in cuda_graph_setup.capture_decode_graph
             plugin.capture_decode_graph_hook(lambda **kw: upstream, model_runner=model_runner)
     assert info.value.value == "SimpleNamespace"
+
+
+def test_capture_out_of_memory_is_one_actionable_line(monkeypatch):
+    """A capture that runs out of GPU memory raises the one line naming the flags that shrink the
+    graphs (the original error chained); any other capture error propagates unchanged."""
+    from sglang_verify_graph import sglang_adapter
+
+    monkeypatch.setattr(sglang_adapter, "available_gpu_memory", lambda model_runner: 10.0)
+    mr = SimpleNamespace(attn_backend=SimpleNamespace(verify_cfg=CFG))
+
+    def oom(model_runner, cfg, counters):
+        raise RuntimeError("CUDA error: out of memory")
+
+    with pytest.raises(RuntimeError) as info:
+        capture.capture_verify_runner(mr, oom)
+    assert str(info.value) == capture.OOM_MESSAGE and "\n" not in capture.OOM_MESSAGE
+    assert "--cuda-graph-max-bs-decode" in capture.OOM_MESSAGE
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+    def other(model_runner, cfg, counters):
+        raise ValueError("shape mismatch")
+
+    with pytest.raises(ValueError, match="shape mismatch"):
+        capture.capture_verify_runner(mr, other)
