@@ -226,14 +226,20 @@ def pre_resolution_hook(server_args: Any, *args, **kwargs) -> None:
     model_path = getattr(server_args, "model_path", None)
     if isinstance(model_path, str) and model_path.lower() in UNRESOLVED_MODEL_PATHS:
         return None
+    _exit_if_from_cli(server_args, check_given, server_args)
+    return None
+
+
+def _exit_if_from_cli(server_args: Any, check: Callable, *args) -> None:
+    """``check(*args)``; a VerifyGraphConfigError becomes one ``error:`` line and exit 2 for a
+    record built from the command line (:data:`ATTR_FROM_CLI`), else propagates."""
     try:
-        check_given(server_args)
+        check(*args)
     except VerifyGraphConfigError as err:
         if getattr(server_args, ATTR_FROM_CLI, False):
             print(f"error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         raise
-    return None
 
 
 def resolve_once_hook(result: Any, server_args: Any) -> None:
@@ -248,13 +254,7 @@ def resolve_once_hook(result: Any, server_args: Any) -> None:
             built from the command line (:data:`ATTR_FROM_CLI`), as on 0.5.16.
         VerifyGraphConfigError: otherwise (``sglang.Engine(**kwargs)``), from the constructor.
     """
-    try:
-        post_init_hook(None, server_args)
-    except VerifyGraphConfigError as err:
-        if getattr(server_args, ATTR_FROM_CLI, False):
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        raise
+    _exit_if_from_cli(server_args, post_init_hook, None, server_args)
     return None
 
 

@@ -54,37 +54,16 @@ CONDITIONS = {
             "model_runner": f"{UNREACHABLE}: NGRAM speculation only",
         },
     },
-    "0.5.23": {
-        "forward_batch": {
-            "replace_embeds": C.REASON_REPLACE_EMBEDS,
-            "spec_info": C.REASON_WIDTH,
-            "batch_size": C.REASON_BS_ABOVE_MAX,
-            "can_run_decode_cuda_graph": C.REASON_DP_SYNC,
-            "can_run_tbo": C.REASON_TBO,
-            "forward_mode": f"{UNREACHABLE}: only with ragged verify mode (not used for topk 1)",
-            "encoder_lens": f"{UNREACHABLE}: EAGLE targets are decoder-only",
-            "input_ids": f"{UNREACHABLE}: NGRAM speculation only",
-        },
-        "self": {
-            "captured_req_width": C.REASON_WIDTH,
-            "disable_padding": C.REASON_BS_NOT_CAPTURED,
-            "backend": C.REASON_BS_NOT_CAPTURED,
-            "max_bs": C.REASON_BS_ABOVE_MAX,
-            "require_mlp_tp_gather": C.REASON_BS_ABOVE_MAX,
-            "_max_dp_batch_size": f"{UNREACHABLE}: DP attention is refused at launch",
-            "require_mlp_sync": C.REASON_DP_SYNC,
-            "enable_two_batch_overlap": C.REASON_TBO,
-            "ragged_verify_mode": f"{UNREACHABLE}: ragged verify is off for topk 1",
-            "_can_run_ragged_verify_graph": f"{UNREACHABLE}: ragged verify is off for topk 1",
-            "_make_graph_key": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
-            "enable_pdmux": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
-            "_resolve_lora_variant": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
-            "_resolve_attention_variant": f"{UNREACHABLE}: builds the bucket key, refuses nothing",
-            "is_encoder_decoder": f"{UNREACHABLE}: EAGLE targets are decoder-only",
-            "model_runner": f"{UNREACHABLE}: NGRAM speculation only",
-        },
-    },
 }
+# 0.5.23: no capture-hidden-mode check, DP batch size through a method, the DP vote renamed, and
+# the bucket key takes an attention variant.
+_0523_FB = {k: v for k, v in CONDITIONS["0.5.16"]["forward_batch"].items()
+            if k not in ("capture_hidden_mode", "original_global_num_tokens_cpu", "can_run_dp_cuda_graph")}
+_0523_FB["can_run_decode_cuda_graph"] = C.REASON_DP_SYNC
+_0523_SELF = {k: v for k, v in CONDITIONS["0.5.16"]["self"].items() if k != "capture_hidden_mode"}
+_0523_SELF["_max_dp_batch_size"] = f"{UNREACHABLE}: DP attention is refused at launch"
+_0523_SELF["_resolve_attention_variant"] = f"{UNREACHABLE}: builds the bucket key, refuses nothing"
+CONDITIONS["0.5.23"] = {"forward_batch": _0523_FB, "self": _0523_SELF}
 
 REASONS = {v for k, v in vars(C).items() if k.startswith("REASON_")}
 
