@@ -84,7 +84,7 @@ def profile_every_value(text: str) -> int:
 HELP = (
     "Replay the EAGLE-3 target verify of a linear draft chain through a dedicated "
     "CUDA graph with split-KV chain attention. Requires --speculative-algorithm "
-    "EAGLE3 (or EAGLE) with --speculative-eagle-topk 1, --attention-backend triton "
+    "EAGLE3 (or EAGLE / NEXTN) with --speculative-eagle-topk 1, --attention-backend triton "
     "(the split-KV chain kernel; fa3, and flashmla / flashinfer on MLA targets, keep their own "
     "verify kernels) and decode CUDA graphs enabled; not yet supported with DP attention, pipeline "
     "parallelism, two-batch overlap or --speculative-adaptive. Python API: set "
@@ -171,8 +171,9 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
             if adapter.VALIDATES_AT_CONSTRUCTION:
                 # Validate here too, in case no post-init hook is installed.
                 post_init_hook(None, server_args)
-        if not adapter.VALIDATES_AT_CONSTRUCTION and (requested or os.environ.get(ENV_ENABLE)):
-            # 0.5.23: the record is still unresolved; resolve_once_hook validates it later.
+        if not adapter.VALIDATES_AT_CONSTRUCTION:
+            # 0.5.23: the record is still unresolved; the validation hooks judge it later (a
+            # malformed SGLANG_VERIFY_GRAPH_* variable too, flag or not) and end in one line.
             setattr(server_args, ATTR_FROM_CLI, True)
     except VerifyGraphConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

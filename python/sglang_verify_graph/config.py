@@ -262,7 +262,9 @@ def check_given(server_args: Any, env: Optional[EnvSettings] = None) -> None:
     a given ``--speculative-eagle-topk`` other than 1, ``--speculative-adaptive``, the flags that
     disable decode CUDA graphs, DP attention / pipeline parallelism / two-batch overlap, a given
     attention backend (or prefill/decode override) the verify graph does not serve, and with a
-    given ``--attention-backend triton`` the KV-cache settings the chain kernel cannot serve.
+    given ``--attention-backend triton`` the KV-cache settings the chain kernel cannot serve; a
+    given backend (or both phase overrides) is also checked for prefill != decode and, for local
+    checkpoint folders, against the target's and draft's attention kind (MLA-only backends).
     Values SGLang decides (an unset top-k or backend, the draft-token count, which SGLang sets to
     ``num_steps + 1`` for top-k 1) are left to :func:`build_config` on the resolved arguments.
 
@@ -281,8 +283,12 @@ def check_given(server_args: Any, env: Optional[EnvSettings] = None) -> None:
             topk, "pass --speculative-eagle-topk 1")
     _check_adaptive(server_args)
     _check_parallel(server_args)
-    if getattr(server_args, "attention_backend", None) is not None:
+    prefill = getattr(server_args, "prefill_attention_backend", None)
+    decode = getattr(server_args, "decode_attention_backend", None)
+    if getattr(server_args, "attention_backend", None) is not None or (prefill and decode):
         attention, verify_attention = check_attention(server_args)
+        check_target(server_args, attention)  # local config.json files only
+        check_draft_backend(server_args, attention)
         if verify_attention == "chain":
             _check_kv_cache(server_args)
     else:

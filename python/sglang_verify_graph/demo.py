@@ -80,14 +80,15 @@ from sglang_verify_graph.demo_server import (
 
 # ----------------------------------------------------------------------------- arguments
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, high: Optional[int] = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= {low}")
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be >= {low}" + (f" and <= {high}" if high is not None else ""))
         return value
     return parse
 
@@ -130,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds each server may take to become healthy (default 600)")
     ap.add_argument("--request-timeout", type=float, default=300.0,
                     help="seconds per HTTP request (default 300)")
-    ap.add_argument("--port", type=_int_at_least(0), default=0,
+    ap.add_argument("--port", type=_int_at_least(0, 65535), default=0,
                     help="server port (default 0: a free port for each start)")
     ap.add_argument("--server-args", default="",
                     help="extra flags for all three servers, one quoted string, e.g. "

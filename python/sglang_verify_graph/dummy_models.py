@@ -112,8 +112,7 @@ def kimi_k25_small(layers: int = 6):
     """``KimiK25ForConditionalGeneration`` (Kimi-K2.5's architecture name) around the kimi-small
     text model, with a 1-layer vision tower (SGLang ``configs/kimi_k25.py`` field names, plus
     ``vt_hidden_size``, which SGLang 0.5.16's ``K2VLMultiModalProjector`` reads from the vision
-    config and the real Kimi-K2.5 config.json carries; without it the model fails to build, as
-    seen on the H200 on 2026-12-01)."""
+    config and the real Kimi-K2.5 config.json carries; without it the model fails to build)."""
     text, draft = kimi_small(layers)
     t = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
          "text_config": dict(text), "vision_config": {

@@ -9,7 +9,7 @@ pool, replay. What differs from upstream's graphed TARGET_VERIFY:
 * attention is the split-KV chain kernel of ``ChainVerifyTritonBackend`` (decode-class: KV read
   once per split for all ``num_draft_tokens`` queries of a KV head; no tree mask), or, for the
   native backends of ``backends.py`` (fa3; flashmla and flashinfer on MLA targets), the backend's own
-  decode-class verify kernel (flashmla and flashinfer run on the H200; fa3 not run);
+  decode-class verify kernel;
 * no per-replay attention metadata (no kv_indices build, no mask copy);
 * every replay is counted here and every eager fallback where SGLang dispatches it
   (``plugin.forward_raw_hook``), under the reason :meth:`VerifyCudaGraphRunner.refusal_reason`

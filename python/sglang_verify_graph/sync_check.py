@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 SYNC_WARNING = "called a synchronizing cuda operation"
 """What PyTorch's warning for a synchronizing call says (``c10/cuda/CUDAFunctions.cpp``,
 ``warn_or_error_on_sync``), lower-cased. Setting the mode also warns once that "Synchronization
-debug mode is a prototype feature ...": that notice is not a sync (seen on the H200, torch 2.11)."""
+debug mode is a prototype feature ...": that notice is not a sync (torch 2.11)."""
 
 
 def is_sync_warning(message: str) -> bool:
