@@ -84,7 +84,7 @@ def profile_every_value(text: str) -> int:
 HELP = (
     "Replay the EAGLE-3 target verify of a linear draft chain through a dedicated "
     "CUDA graph with split-KV chain attention. Requires --speculative-algorithm "
-    "EAGLE3 (or EAGLE / NEXTN) with --speculative-eagle-topk 1, --attention-backend triton "
+    "EAGLE3 (or EAGLE) with --speculative-eagle-topk 1, --attention-backend triton "
     "(the split-KV chain kernel; fa3, and flashmla / flashinfer on MLA targets, keep their own "
     "verify kernels) and decode CUDA graphs enabled; not yet supported with DP attention, pipeline "
     "parallelism, two-batch overlap or --speculative-adaptive. Python API: set "

@@ -189,11 +189,18 @@ def test_from_cli_args_marks_record_instead_of_validating(server_args_cls, make_
 
 
 @only_0523
-def test_from_cli_args_leaves_record_unmarked_when_off(server_args_cls, make_args):
-    record = make_args(**{ATTR_ENABLE: False})
+def test_from_cli_args_marks_every_record_but_judges_nothing_when_off(server_args_cls, make_args,
+                                                                      monkeypatch):
+    """0.5.23: every command-line record is marked, so a refusal found later (a malformed
+    SGLANG_VERIFY_GRAPH_* variable, flag or not) ends in one line; with the flag off and a clean
+    environment the validation hooks refuse nothing, whatever the other settings."""
+    monkeypatch.delenv(ENV_ENABLE, raising=False)
+    record = make_args(speculative_eagle_topk=4, **{ATTR_ENABLE: False})
     cli.from_cli_args_hook(lambda cls, args: record, server_args_cls,
                            argparse.Namespace(enable_verify_cuda_graph=False))
-    assert not hasattr(record, cli.ATTR_FROM_CLI)
+    assert getattr(record, cli.ATTR_FROM_CLI) is True
+    assert cli.pre_resolution_hook(record) is None
+    assert cli.resolve_once_hook(None, record) is None
 
 
 @only_0523
