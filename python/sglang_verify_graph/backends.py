@@ -64,6 +64,20 @@ def verify_attention_kind(backend: str) -> str:
     raise KeyError(backend)
 
 
+def check_overrides(server_args: Any) -> None:
+    """Raises VerifyGraphConfigError when ``--prefill-attention-backend`` or
+    ``--decode-attention-backend`` names a backend the verify graph does not serve."""
+    for flag, field in (
+        ("--prefill-attention-backend", "prefill_attention_backend"),
+        ("--decode-attention-backend", "decode_attention_backend"),
+    ):
+        override = getattr(server_args, field, None)
+        if override and override not in SUPPORTED:
+            raise VerifyGraphConfigError(
+                f"supports the {_NAMES} attention backends for target verify", flag, override,
+                f"pass {flag} triton or remove it")
+
+
 def check_attention(server_args: Any) -> Tuple[str, str]:
     """The resolved verify backend of ``server_args`` and its kind (``"chain"``/``"native"``).
 
@@ -74,15 +88,7 @@ def check_attention(server_args: Any) -> Tuple[str, str]:
         VerifyGraphConfigError: an unsupported override or base backend, or prefill != decode.
     """
     base = getattr(server_args, "attention_backend", None)
-    for flag, field in (
-        ("--prefill-attention-backend", "prefill_attention_backend"),
-        ("--decode-attention-backend", "decode_attention_backend"),
-    ):
-        override = getattr(server_args, field, None)
-        if override and override not in SUPPORTED:
-            raise VerifyGraphConfigError(
-                f"supports the {_NAMES} attention backends for target verify", flag, override,
-                f"pass {flag} triton or remove it")
+    check_overrides(server_args)
     prefill = getattr(server_args, "prefill_attention_backend", None) or base
     decode = getattr(server_args, "decode_attention_backend", None) or base
     if prefill not in SUPPORTED or decode not in SUPPORTED:

@@ -24,7 +24,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional, Tuple
 
-from sglang_verify_graph.backends import check_attention, check_draft_backend, check_target
+from sglang_verify_graph.backends import (
+    check_attention,
+    check_draft_backend,
+    check_overrides,
+    check_target,
+)
 from sglang_verify_graph.env import (  # noqa: F401 (re-exported: config is the settings' API)
     ENV_ENABLE,
     ENV_LOG_EVERY,
@@ -140,6 +145,14 @@ def _check_algorithm(server_args: Any) -> str:
     return name
 
 
+def _check_topk(topk: Any) -> None:
+    if topk != 1:
+        raise VerifyGraphConfigError(
+            "supports only a linear draft chain (top-k 1)", "--speculative-eagle-topk",
+            topk, "pass --speculative-eagle-topk 1",
+        )
+
+
 def _check_adaptive(server_args: Any) -> None:
     if getattr(server_args, "speculative_adaptive", False):
         raise VerifyGraphConfigError(
@@ -151,11 +164,7 @@ def _check_adaptive(server_args: Any) -> None:
 
 def _check_steps(server_args: Any) -> Tuple[int, int, int]:
     topk = getattr(server_args, "speculative_eagle_topk", None)
-    if topk != 1:
-        raise VerifyGraphConfigError(
-            "supports only a linear draft chain (top-k 1)", "--speculative-eagle-topk",
-            topk, "pass --speculative-eagle-topk 1",
-        )
+    _check_topk(topk)
     _check_adaptive(server_args)
     steps = getattr(server_args, "speculative_num_steps", None)
     if not isinstance(steps, int) or steps < 1:
@@ -277,10 +286,8 @@ def check_given(server_args: Any, env: Optional[EnvSettings] = None) -> None:
         return
     _check_algorithm(server_args)
     topk = getattr(server_args, "speculative_eagle_topk", None)
-    if topk is not None and topk != 1:
-        raise VerifyGraphConfigError(
-            "supports only a linear draft chain (top-k 1)", "--speculative-eagle-topk",
-            topk, "pass --speculative-eagle-topk 1")
+    if topk is not None:
+        _check_topk(topk)
     _check_adaptive(server_args)
     _check_parallel(server_args)
     prefill = getattr(server_args, "prefill_attention_backend", None)
@@ -292,13 +299,7 @@ def check_given(server_args: Any, env: Optional[EnvSettings] = None) -> None:
         if verify_attention == "chain":
             _check_kv_cache(server_args)
     else:
-        for flag, field in (("--prefill-attention-backend", "prefill_attention_backend"),
-                            ("--decode-attention-backend", "decode_attention_backend")):
-            given = getattr(server_args, field, None)
-            if given and given not in SUPPORTED_ATTENTION_BACKENDS:
-                raise VerifyGraphConfigError(
-                    f"supports the {', '.join(SUPPORTED_ATTENTION_BACKENDS)} attention backends "
-                    "for target verify", flag, given, f"pass {flag} triton or remove it")
+        check_overrides(server_args)
     if _decode_graph_backend(server_args) is None:  # raw flags only; a given config is resolved later
         _check_cuda_graph(server_args)
 
