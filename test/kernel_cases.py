@@ -21,10 +21,12 @@ from sgl_verify_kernel import (
 def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens: list[int],
              rope: int = 0, dtype=torch.float32, device="cpu", cap: float = 0.0,
              splits: int | None = None, pool_slots: int = 4096, ctx: int = 1024,
-             seed: int = 0, block_rows: int = 0) -> float:
+             seed: int = 0, block_rows: int = 0, seq_lens_include_chain: bool = False) -> float:
     """Run one case; returns the relative error (raises AssertionError on NaN / unwritten rows).
 
-    ``block_rows``: ``ChainVerifyShape.block_rows`` (0: the kernel's own policy)."""
+    ``block_rows``: ``ChainVerifyShape.block_rows`` (0: the kernel's own policy).
+    ``seq_lens_include_chain``: ``seq_lens`` are ``DRAFT_EXTEND_V2`` lengths (prefix + ndt; a
+    value below ndt is a padded row, prefix 0)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     bs = len(seq_lens)
     n_pool_rows = max(8, bs)
@@ -46,9 +48,10 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
     att_lse = torch.full((n_lse,), float("nan"), device=device)
     o = torch.full((bs * ndt, heads, dv), float("nan"), dtype=dtype, device=device)
     scale = dk ** -0.5
-    chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, sl, shape, ns, scale, att_out, att_lse, cap)
+    chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, sl, shape, ns, scale, att_out, att_lse, cap,
+                               seq_lens_include_chain=seq_lens_include_chain)
     ref = chain_verify_attention_ref(q.cpu(), k_buf.cpu(), v_buf.cpu(), r2t.cpu(), rpi.cpu(), sl.cpu(),
-                                     ndt, scale, cap)
+                                     ndt, scale, cap, seq_lens_include_chain=seq_lens_include_chain)
     out = o.cpu().double()
     assert not torch.isnan(out).any(), "unwritten or NaN output rows"
     return ((out - ref).norm() / ref.norm()).item()

@@ -76,6 +76,7 @@ def _chain_verify_stage1(
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     LK: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_CAP: tl.constexpr,
+    CHAIN_IN_SEQ: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // ROW_BLOCKS
@@ -84,6 +85,8 @@ def _chain_verify_stage1(
 
     req = tl.load(Req_pool_indices + b)
     prefix = tl.load(Seq_lens + b).to(tl.int32)
+    if CHAIN_IN_SEQ:
+        prefix = tl.maximum(prefix - NDT, 0)
     total = prefix + NDT
     eff_splits = tl.minimum(num_splits, tl.cdiv(total, MIN_SPLIT))
     split_len = tl.cdiv(total, eff_splits)
@@ -157,10 +160,14 @@ def _chain_verify_stage2(
     stride_obs, stride_oh_out,
     num_splits,
     NDT: tl.constexpr, BLOCK_DV: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr,
+    CHAIN_IN_SEQ: tl.constexpr,
 ):
     tok = tl.program_id(0)
     head = tl.program_id(1)
-    total = tl.load(Seq_lens + tok // NDT).to(tl.int32) + NDT
+    prefix = tl.load(Seq_lens + tok // NDT).to(tl.int32)
+    if CHAIN_IN_SEQ:
+        prefix = tl.maximum(prefix - NDT, 0)
+    total = prefix + NDT
     eff_splits = tl.minimum(num_splits, tl.cdiv(total, MIN_SPLIT))
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < LV
@@ -260,11 +267,16 @@ def chain_verify_attention_fwd(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     shape: ChainVerifyShape, num_kv_splits: int, sm_scale: float,
     att_out_flat: torch.Tensor, att_lse_flat: torch.Tensor, logit_cap: float = 0.0,
+    seq_lens_include_chain: bool = False,
 ) -> torch.Tensor:
     """Run the two-stage chain verify attention; writes and returns ``o`` ([T, H, Dv]).
 
     ``att_out_flat`` / ``att_lse_flat``: fp32 scratch with at least ``workspace_numel(...)``
-    elements (static buffers under a CUDA graph). Raises ValueError on inconsistent shapes.
+    elements (static buffers under a CUDA graph). ``seq_lens_include_chain``: ``seq_lens`` holds
+    the length *with* the chain (``DRAFT_EXTEND_V2``: prefix + num_draft_tokens); the kernel then
+    uses ``max(seq_lens - num_draft_tokens, 0)`` as the prefix, so a padded row with SGLang's
+    ``seq_len_fill_value = 1`` reads only its ``num_draft_tokens`` chain slots. Raises ValueError
+    on inconsistent shapes.
     """
     bs = req_pool_indices.shape[0]
     t = bs * shape.num_draft_tokens
@@ -300,7 +312,7 @@ def chain_verify_attention_fwd(
         NDT=shape.num_draft_tokens, GROUP=shape.group, ROW_BLOCKS=shape.row_blocks,
         BLOCK_R=shape.block_r, BLOCK_N=32 if big else 64,
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv, LK=dk, LV=dv,
-        MIN_SPLIT=MIN_KEYS_PER_SPLIT, USE_CAP=logit_cap > 0,
+        MIN_SPLIT=MIN_KEYS_PER_SPLIT, USE_CAP=logit_cap > 0, CHAIN_IN_SEQ=bool(seq_lens_include_chain),
         num_warps=8 if big else 4, num_stages=2,
     )
     _chain_verify_stage2[(t, h)](
@@ -309,6 +321,7 @@ def chain_verify_attention_fwd(
         att_lse.stride(0), att_lse.stride(1), o.stride(0), o.stride(1),
         num_kv_splits,
         NDT=shape.num_draft_tokens, BLOCK_DV=block_dv, LV=dv, MIN_SPLIT=MIN_KEYS_PER_SPLIT,
+        CHAIN_IN_SEQ=bool(seq_lens_include_chain),
         num_warps=4 if block_dv >= 256 else 2, num_stages=1,
     )
     return o
@@ -318,6 +331,7 @@ def chain_verify_attention_ref(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_draft_tokens: int, sm_scale: float, logit_cap: float = 0.0,
+    seq_lens_include_chain: bool = False,
 ) -> torch.Tensor:
     """Plain PyTorch float64 reference of the same function (slow; for tests). Returns [T, H, Dv]."""
     t, h, _ = q.shape
@@ -326,7 +340,10 @@ def chain_verify_attention_ref(
     for i in range(req_pool_indices.shape[0]):
         row = req_to_token[int(req_pool_indices[i])]
         for jj in range(num_draft_tokens):
-            n = int(seq_lens[i]) + jj + 1
+            prefix = int(seq_lens[i])
+            if seq_lens_include_chain:
+                prefix = max(prefix - num_draft_tokens, 0)
+            n = prefix + jj + 1
             locs = row[:n].long()
             tt = i * num_draft_tokens + jj
             for hh in range(h):

@@ -26,6 +26,9 @@ CASES = [
     (8, 1, 192, 128, 6, [70, 1, 129], 64, 2, 0.0),         # 48 rows per KV head: three 16-row blocks (MLA, 6 tokens)
     (8, 1, 192, 128, 5, [33, 200], 64, None, 0.0),         # 40 rows: three 16-row blocks, the last one half padding
     (8, 1, 192, 128, 6, [70, 1, 129], 64, 2, 0.0, "float32", 32),  # 48 rows as two 32-row blocks (block_rows=32)
+    # DRAFT_EXTEND_V2: seq_lens include the chain (prefix + ndt); 1 is a padded row (prefix 0)
+    (4, 2, 64, 64, 3, [8, 103, 1, 203], 0, 4, 0.0, "float32", 0, True),
+    (8, 1, 192, 128, 4, [5, 1, 134], 64, 2, 0.0, "float32", 0, True),  # MLA-style latent
 ]
 
 SCRIPT = """
@@ -36,12 +39,14 @@ h, kvh, dk, dv, ndt, seqs, rope, splits, cap, *extra = json.loads(sys.argv[1])
 err = run_case(heads=h, kv_heads=kvh, dk=dk, dv=dv, ndt=ndt, seq_lens=seqs, rope=rope,
                splits=splits, cap=cap, ctx=512, pool_slots=2048,
                dtype=getattr(torch, extra[0]) if extra else torch.float32,
-               block_rows=extra[1] if len(extra) > 1 else 0)
+               block_rows=extra[1] if len(extra) > 1 else 0,
+               seq_lens_include_chain=bool(extra[2]) if len(extra) > 2 else False)
 print("ERR", err)
 """
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"h{c[0]}kv{c[1]}d{c[2]}ndt{c[4]}" + (f"r{c[10]}" if len(c) > 10 else "") for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"h{c[0]}kv{c[1]}d{c[2]}ndt{c[4]}" + (f"r{c[10]}" if len(c) > 10 and c[10] else "")
+                                     + ("-draft-extend" if len(c) > 11 and c[11] else "") for c in CASES])
 def test_chain_kernel_matches_reference_in_interpreter(case):
     import json
 
