@@ -14,11 +14,12 @@ from typing import Callable, Optional
 
 from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.backends import NATIVE_BACKEND_CLASSES
-from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
+from sglang_verify_graph.chain_backend import ChainDraftExtendTritonBackend, ChainVerifyTritonBackend
 from sglang_verify_graph.config import VerifyGraphConfig, build_config
-from sglang_verify_graph.counters import VerifyCounters, eager_cliff_warning, install_counters
+from sglang_verify_graph.counters import VerifyCounters, eager_cliff_warning, get_counters, install_counters
 from sglang_verify_graph.errors import VerifyGraphConfigError
 from sglang_verify_graph.runner import VerifyCudaGraphRunner
+from sglang_verify_graph.selftest import NO_DRAFT_EXTEND_PROBE, DraftExtendSelfTest
 
 logger = logging.getLogger("sglang_verify_graph")
 
@@ -37,6 +38,51 @@ def config_for(model_runner) -> Optional[VerifyGraphConfig]:
 def uses_chain_backend(model_runner) -> bool:
     """Whether the model runner's attention backend is ``ChainVerifyTritonBackend``."""
     return isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend)
+
+
+def uses_chain_draft_extend_backend(model_runner) -> bool:
+    """Whether a (draft) model runner's attention backend is ``ChainDraftExtendTritonBackend``."""
+    return isinstance(getattr(model_runner, "attn_backend", None), ChainDraftExtendTritonBackend)
+
+
+def uses_chain_draft_extend(draft_extend_runner) -> bool:
+    """Whether a draft-extend graph runner's backend is ``ChainDraftExtendTritonBackend``."""
+    return isinstance(getattr(draft_extend_runner, "draft_extend_attn_backend", None),
+                      ChainDraftExtendTritonBackend)
+
+
+def draft_extend_backend_for(draft_runner, backend):
+    """The draft-extend backend the draft gets: ``ChainDraftExtendTritonBackend`` in place of a
+    backend that is exactly SGLang's ``TritonAttnBackend`` when the flag is on with
+    ``SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=chain`` (the default); else ``backend`` itself. Raises
+    VerifyGraphConfigError when the draft's KV setup is one the chain kernel does not serve."""
+    if type(backend) is not adapter.triton_attn_backend_cls():
+        return backend
+    cfg = config_for(draft_runner)
+    if cfg is None or cfg.draft_extend_attention != "chain":
+        return backend
+    ours = ChainDraftExtendTritonBackend(draft_runner, cfg)
+    for name in ("prefill_attention_backend_str", "decode_attention_backend_str"):  # 0.5.23 stamps
+        if hasattr(backend, name):
+            setattr(ours, name, getattr(backend, name))
+    counters = get_counters()
+    if counters is not None:
+        counters.draft_extend_attention = f"chain split-KV ({'MLA' if ours.use_mla else 'MHA'})"
+    return ours
+
+
+def draft_extend_probe(draft_extend_runner):
+    """The probe of a draft-extend graph runner served by the chain kernel: the self-test
+    (``DraftExtendSelfTest``) when ``SGLANG_VERIFY_GRAPH_SELFTEST`` is on, else one that does
+    nothing. Made once per runner."""
+    probe = getattr(draft_extend_runner, "_verify_graph_probe", None)
+    if probe is None:
+        backend = draft_extend_runner.draft_extend_attn_backend
+        counters = get_counters()
+        probe = (DraftExtendSelfTest(draft_extend_runner, counters.selftest)
+                 if backend.verify_cfg.selftest and counters is not None else NO_DRAFT_EXTEND_PROBE)
+        draft_extend_runner._verify_graph_probe = probe
+    return probe
 
 
 def verify_runner_kind(model_runner) -> Optional[str]:

@@ -3,11 +3,21 @@ the split-KV chain kernel (``sgl_verify_kernel``), for MHA/GQA (Llama) and absor
 (DeepSeek-V3 / Kimi-K2.5, where q/k are 576 = kv_lora_rank 512 + rope 64 wide and v is the
 512-wide latent).
 
-It is installed as the *target* model runner's attention backend (SGLang's own
-``register_attention_backend("triton")`` registry, see ``plugin.triton_factory``), so the graph
-and the rare eager verify (a batch above the largest bucket) use the same kernel, and nothing reads a
-tree mask: with ``speculative_eagle_topk == 1`` the draft tree is a causal chain. Every other
-forward mode (prefill, draft extend, decode) is SGLang's triton backend unchanged.
+Two backends, one per EAGLE-3 model runner, each serving one forward mode with the kernel and
+every other mode as SGLang's triton backend unchanged:
+
+* :class:`ChainVerifyTritonBackend`, the *target*'s backend (SGLang's own
+  ``register_attention_backend("triton")`` registry, see ``plugin.triton_factory``):
+  ``ForwardMode.TARGET_VERIFY``; ``seq_lens`` is the prefix, the chain follows it.
+* :class:`ChainDraftExtendTritonBackend`, the *draft*'s draft-extend backend
+  (``DraftBackendFactory.create_draft_extend_backend``, see ``plugin.draft_extend_backend_hook``):
+  ``ForwardMode.DRAFT_EXTEND_V2``, the fixed-width forward of the ``num_draft_tokens`` verified
+  tokens per request that SGLang's spec-v2 worker runs after each verify; ``seq_lens`` already
+  includes the chain (prefix + ``num_draft_tokens``), and its K/V slots are the verify's
+  ``out_cache_loc`` (= ``req_to_token[req, prefix : prefix + num_draft_tokens]``).
+
+The graph and the rare eager forward (a batch above the largest bucket) use the same kernel, and
+nothing reads a tree mask: with ``speculative_eagle_topk == 1`` the draft tree is a causal chain.
 
 Per-replay metadata: none. The kernel reads ``req_pool_indices`` and ``seq_lens`` from the
 graph's static input buffers and the page table (``req_to_token``) directly; upstream instead
@@ -56,9 +66,17 @@ class ChainMetadata:
     att_lse: torch.Tensor  # fp32 scratch
 
 
-class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
-    """TritonAttnBackend whose TARGET_VERIFY is the chain kernel. Raises VerifyGraphConfigError
-    at construction when the model uses a feature the chain kernel does not serve."""
+class _ChainTritonBackend(adapter.triton_attn_backend_cls()):
+    """TritonAttnBackend whose :meth:`serves` forward mode is the chain kernel. Raises
+    VerifyGraphConfigError at construction when the model uses a feature the chain kernel does not
+    serve."""
+
+    role = "verify"
+    seq_lens_include_chain = False  # seq_lens of the served mode: prefix (False) or prefix + chain
+    unsupported_fix = "remove --enable-verify-cuda-graph for this model"
+
+    def serves(self, forward_mode) -> bool:
+        raise NotImplementedError
 
     def __init__(self, model_runner, cfg: VerifyGraphConfig):
         super().__init__(model_runner)
@@ -82,9 +100,9 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
             problems.append(f"KV cache dtype {k_buf.dtype} (needs the model dtype; drop --kv-cache-dtype)")
         if problems:
             raise VerifyGraphConfigError(
-                problem="the chain verify attention does not support this model's KV setup",
+                problem=f"the chain {self.role} attention does not support this model's KV setup",
                 flag="model / KV cache", value=", ".join(problems),
-                fix="remove --enable-verify-cuda-graph for this model",
+                fix=self.unsupported_fix,
             )
         dk, dv = k_buf.shape[-1], v_buf.shape[-1]
         self.chain_shape = ChainVerifyShape(
@@ -93,7 +111,7 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
         )
         self._chain_static: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._chain_meta: Optional[ChainMetadata] = None
-        logger.info("chain verify attention: %s (%s)", self.chain_shape,
+        logger.info("chain %s attention: %s (%s)", self.role, self.chain_shape,
                     "absorbed MLA" if self.use_mla else "MHA/GQA")
 
     # ---- sizing ---------------------------------------------------------------------------
@@ -107,9 +125,10 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
     # ---- graph state ----------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
         """Allocate the chain kernel's fp32 scratch for every bucket up to ``max_bs`` (shared by
-        all layers and buckets). Upstream's verify buffers (flat kv_indices of
-        ``max_num_tokens * max_context_len`` int64 and a tree mask of as many bytes) are not
-        allocated: the chain kernel needs neither."""
+        all layers and buckets). Upstream's graph buffers (flat kv_indices of
+        ``max_num_tokens * max_context_len`` int64 and, for verify, a tree mask of as many bytes)
+        are not allocated: the chain kernel needs neither, and the served mode is the only one
+        this backend's graphs capture."""
         n_out = n_lse = 0
         for bs in range(1, max_bs + 1):
             o, l = self._workspace_for(bs)
@@ -121,7 +140,7 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
         self.chain_workspace_numel = (n_out, n_lse)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        if not forward_batch.forward_mode.is_target_verify():
+        if not self.serves(forward_batch.forward_mode):
             return super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
         if in_capture:
             bs = forward_batch.batch_size
@@ -134,7 +153,7 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
         # which the runner has just filled; nothing to build.
 
     def init_forward_metadata(self, forward_batch):
-        if not forward_batch.forward_mode.is_target_verify():
+        if not self.serves(forward_batch.forward_mode):
             return super().init_forward_metadata(forward_batch)
         bs = forward_batch.batch_size
         n_out, n_lse = self._workspace_for(bs)
@@ -147,14 +166,10 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
         self._chain_meta = ChainMetadata(forward_batch.req_pool_indices, forward_batch.seq_lens,
                                          self.num_kv_splits_for(bs), att_out, att_lse)
 
-    def get_verify_buffers_to_fill_after_draft(self):
-        # No tree-mask scratch: the chain needs no mask (see plugin.build_verify_input_hook).
-        return [None, None]
-
     # ---- the forward ----------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):
-        if not forward_batch.forward_mode.is_target_verify():
+        if not self.serves(forward_batch.forward_mode):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache,
                                           sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
         unsupported = [name for name, bad in (
@@ -168,8 +183,8 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
             ("xai temperature", (layer.xai_temperature_len or -1) > 0),
         ) if bad]
         if unsupported or k is None or v is None:
-            raise RuntimeError(f"chain verify attention: layer {layer.layer_id} uses "
-                               f"{unsupported or 'no fresh K/V'}; remove --enable-verify-cuda-graph")
+            raise RuntimeError(f"chain {self.role} attention: layer {layer.layer_id} uses "
+                               f"{unsupported or 'no fresh K/V'}; {self.unsupported_fix}")
         meta = self._chain_meta
         if save_kv_cache:
             self._set_kv_buffer(forward_batch, layer, adapter.kv_write_loc(forward_batch), k, v)
@@ -182,5 +197,34 @@ class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):
             o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
             self.req_to_token, meta.req_pool_indices, meta.seq_lens, self.chain_shape, meta.num_kv_splits,
             layer.scaling, meta.att_out, meta.att_lse, cap,
+            seq_lens_include_chain=self.seq_lens_include_chain,
         )
         return o
+
+
+class ChainVerifyTritonBackend(_ChainTritonBackend):
+    """The target's backend: ``TARGET_VERIFY`` is the chain kernel (``seq_lens`` = prefix)."""
+
+    def serves(self, forward_mode) -> bool:
+        return forward_mode.is_target_verify()
+
+    def get_verify_buffers_to_fill_after_draft(self):
+        # No tree-mask scratch: the chain needs no mask (see plugin.build_verify_input_hook).
+        return [None, None]
+
+
+class ChainDraftExtendTritonBackend(_ChainTritonBackend):
+    """The draft's draft-extend backend: ``DRAFT_EXTEND_V2`` is the chain kernel (``seq_lens`` =
+    prefix + ``num_draft_tokens``; a padded row of the draft-extend graph, ``seq_lens`` = 1 and
+    ``req_pool_indices`` = 0, reads the ``num_draft_tokens`` zero slots of page-table row 0).
+
+    ``reference = True`` serves ``DRAFT_EXTEND_V2`` with SGLang's own path instead (the self-test's
+    independent reference, ``selftest.DraftExtendSelfTest``); it is never set while serving."""
+
+    role = "draft-extend"
+    seq_lens_include_chain = True
+    unsupported_fix = "set SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream"
+    reference = False
+
+    def serves(self, forward_mode) -> bool:
+        return forward_mode.is_draft_extend_v2() and not self.reference

@@ -109,6 +109,9 @@ class VerifyGraphConfig:
         verify_attention: ``"chain"`` (triton: the split-KV chain kernel) or ``"native"`` (fa3;
             flashmla, flashinfer on MLA targets: the backend's own verify kernel), see
             ``backends.py``.
+        draft_extend_attention: ``"chain"`` (the draft's ``DRAFT_EXTEND_V2`` attention on a
+            triton draft-extend backend is the chain kernel) or ``"upstream"``
+            (``SGLANG_VERIFY_GRAPH_DRAFT_EXTEND``).
     """
 
     num_steps: int
@@ -128,6 +131,7 @@ class VerifyGraphConfig:
     selftest: bool = False
     selftest_nan: bool = False
     verify_attention: str = "chain"
+    draft_extend_attention: str = "chain"
 
 
 def _check_algorithm(server_args: Any) -> str:
@@ -364,6 +368,7 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         tp_size=int(getattr(server_args, "tp_size", 1) or 1),
         selftest=env.selftest,
         selftest_nan=env.selftest and env.selftest_nan,
+        draft_extend_attention=env.draft_extend,
     )
 
 

@@ -30,6 +30,13 @@ class VerifyCounters:
 
     ``verify_steps`` = ``replays`` + ``fallback_total``. ``capture_*`` describe the captured
     graphs (batch-size buckets, tokens per request, seconds, GiB of GPU memory).
+
+    ``draft_extend_*`` count the draft's ``DRAFT_EXTEND_V2`` forwards served by the chain kernel
+    (``draft_extend_attention`` non-empty): replays of SGLang's draft-extend graph
+    (``EAGLEDraftExtendCudaGraphRunner.execute``), their padded rows, and eager forwards
+    (``ModelRunner._forward_raw`` of the draft). Each verify step is followed by one draft extend,
+    so ``draft_extend_replays + draft_extend_eager`` equals ``verify_steps`` when every verify
+    step is counted (``test_server_e2e`` asserts it).
     """
 
     runner: str = "VerifyCudaGraphRunner"
@@ -43,6 +50,10 @@ class VerifyCounters:
     fallbacks: Counter = field(default_factory=Counter)
     log_every: int = 0
     selftest: dict = field(default_factory=dict)
+    draft_extend_attention: str = ""
+    draft_extend_replays: int = 0
+    draft_extend_padded_rows: int = 0
+    draft_extend_eager: int = 0
     _last_reason: Optional[str] = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -81,6 +92,21 @@ class VerifyCounters:
         self._last_reason = None
         self._maybe_log()
 
+    def count_draft_extend_replay(self, bs: int, raw_bs: int) -> None:
+        """One replay of the draft-extend graph over ``raw_bs`` requests padded to ``bs``."""
+        with self._lock:
+            self.draft_extend_replays += 1
+            self.draft_extend_padded_rows += bs - raw_bs
+
+    def count_draft_extend_eager(self) -> None:
+        """One eager ``DRAFT_EXTEND_V2`` forward of the draft (WARNING the first time and every
+        1000th: each costs more than a replay)."""
+        with self._lock:
+            self.draft_extend_eager += 1
+            n = self.draft_extend_eager
+        if n == 1 or n % 1000 == 0:
+            logger.warning("draft-extend CUDA graph fallback #%d: this draft extend ran eagerly", n)
+
     def _maybe_log(self) -> None:
         if self.log_every and self.verify_steps % self.log_every == 0:
             logger.info("verify CUDA graph counters: %s", self.snapshot())
@@ -100,6 +126,10 @@ class VerifyCounters:
             "fallbacks": {str(k): int(v) for k, v in self.fallbacks.items()},
             "fallback_total": self.fallback_total,
             **({"selftest": dict(self.selftest)} if self.selftest else {}),
+            **({"draft_extend": {
+                "attention": self.draft_extend_attention, "replays": self.draft_extend_replays,
+                "padded_rows": self.draft_extend_padded_rows, "eager": self.draft_extend_eager,
+            }} if self.draft_extend_attention else {}),
         }
 
 

@@ -30,6 +30,13 @@ ENV_SELFTEST_NAN = "SGLANG_VERIFY_GRAPH_SELFTEST_NAN"
 the padding token holds NaN, so every padded row carries NaN through every layer; the self-test
 then checks that real rows stay finite and equal to eager (GPU tests only)."""
 
+ENV_DRAFT_EXTEND = "SGLANG_VERIFY_GRAPH_DRAFT_EXTEND"
+"""``chain`` (default) or ``upstream``: the attention of the draft's ``DRAFT_EXTEND_V2`` forward
+with the flag on and a triton draft-extend backend: the split-KV chain kernel, or SGLang's own
+``extend_attention_fwd`` (for A/B measurements)."""
+
+DRAFT_EXTEND_CHOICES = ("chain", "upstream")
+
 ENV_SYNC_CHECK = "SGLANG_VERIFY_GRAPH_SYNC_CHECK"
 """Boolean: count synchronizing CUDA calls inside each EAGLE verify step (``sync_check.py``;
 tests only). Independent of :data:`ENV_ENABLE` (upstream's verify can be checked too)."""
@@ -54,6 +61,7 @@ class EnvSettings:
         sync_check: :data:`ENV_SYNC_CHECK` is set to a true value.
         profile_every: :data:`ENV_PROFILE_EVERY` (EAGLE cycles between per-phase profile log
             lines; 0 = profile off).
+        draft_extend: :data:`ENV_DRAFT_EXTEND` (one of :data:`DRAFT_EXTEND_CHOICES`).
         enable_set_off: :data:`ENV_ENABLE` is set to an explicit false value (``0``/``false``/
             ``no``/``off``), not merely unset or empty: together with the command-line flag that is
             a conflict (``cli.from_cli_args_hook`` refuses it).
@@ -67,6 +75,18 @@ class EnvSettings:
     enable_set_off: bool = False
     selftest_nan: bool = False
     sync_check: bool = False
+    draft_extend: str = "chain"
+
+
+def _parse_choice(environ: Mapping[str, str], name: str, choices: tuple, default: str) -> str:
+    raw = environ.get(name, "")
+    value = raw.strip().lower() or default
+    if value not in choices:
+        raise VerifyGraphConfigError(
+            f"environment value must be one of {', '.join(choices)}", name, repr(raw),
+            f"set {name} to one of {', '.join(choices)} or unset it",
+        )
+    return value
 
 
 def _parse_bool(environ: Mapping[str, str], name: str) -> bool:
@@ -113,7 +133,8 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
         VerifyGraphConfigError: a variable is malformed (non-boolean
             :data:`ENV_ENABLE`, non-integer or out-of-range
             :data:`ENV_NUM_KV_SPLITS` (< 1), :data:`ENV_LOG_EVERY` or
-            :data:`ENV_PROFILE_EVERY` (< 0)).
+            :data:`ENV_PROFILE_EVERY` (< 0), :data:`ENV_DRAFT_EXTEND` not one of
+            :data:`DRAFT_EXTEND_CHOICES`).
             These variables belong to this plugin, so a typo fails loudly even
             while the flag is off.
     """
@@ -128,4 +149,5 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
         enable_set_off=environ.get(ENV_ENABLE, "").strip().lower() in _EXPLICIT_FALSE,
         selftest_nan=_parse_bool(environ, ENV_SELFTEST_NAN),
         sync_check=_parse_bool(environ, ENV_SYNC_CHECK),
+        draft_extend=_parse_choice(environ, ENV_DRAFT_EXTEND, DRAFT_EXTEND_CHOICES, "chain"),
     )

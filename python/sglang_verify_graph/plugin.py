@@ -21,7 +21,10 @@ Hooks (``HookRegistry`` kinds: AFTER ``hook(result, *args, **kwargs)``, AROUND
   topk=1 target gets ``ChainVerifyTritonBackend``); 0.5.16 ``capture_decode_graph`` / 0.5.23
   ``ModelRunner._decode_cuda_graph_runner_cls`` AROUND (the target gets
   ``VerifyCudaGraphRunner``); ``ModelRunner._forward_raw`` AROUND (counts each verify that did
-  not replay our graph); ``build_eagle_verify_input`` AROUND (QLEN_ONLY tree mask);
+  not replay our graph, and eager draft extends); ``DraftBackendFactory.create_draft_extend_backend``
+  AROUND (the draft gets ``ChainDraftExtendTritonBackend``); ``EAGLEDraftExtendCudaGraphRunner.execute``
+  AROUND (counts draft-extend replays; the self-test's probe); ``build_eagle_verify_input`` AROUND
+  (QLEN_ONLY tree mask);
   ``Scheduler.get_internal_state`` AFTER (counters for ``/get_server_info``).
 * Profile (``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0, with or without the flag), bodies in
   ``profile_hooks.py``; host-sync check (``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1``), bodies here.
@@ -95,15 +98,47 @@ def decode_runner_cls_hook(original: Callable, model_runner, *args, **kwargs):
 def forward_raw_hook(original: Callable, model_runner, forward_batch, *args, **kwargs):
     """AROUND ``ModelRunner._forward_raw(self, forward_batch, ...)``: a TARGET_VERIFY forward of
     a model runner that holds our runner, which did not replay our graph (eager, or another
-    graph runner), is counted as a fallback under the reason our ``can_run_graph`` recorded."""
+    graph runner), is counted as a fallback under the reason our ``can_run_graph`` recorded; a
+    DRAFT_EXTEND_V2 forward of a draft served by the chain draft-extend backend (graph replays
+    go through ``EAGLEDraftExtendCudaGraphRunner.execute``, never here) as an eager draft extend."""
+    mode = forward_batch.forward_mode
+    if mode.is_draft_extend_v2() and _capture().uses_chain_draft_extend_backend(model_runner):
+        counters = get_counters()
+        if counters is not None:
+            counters.count_draft_extend_eager()
+        return original(model_runner, forward_batch, *args, **kwargs)
     runner = getattr(model_runner, "decode_cuda_graph_runner", None)
     counters = getattr(runner, "counters", None)
-    if counters is None or not forward_batch.forward_mode.is_target_verify():
+    if counters is None or not mode.is_target_verify():
         return original(model_runner, forward_batch, *args, **kwargs)
     replays = counters.replays
     out = original(model_runner, forward_batch, *args, **kwargs)
     if counters.replays == replays:
         counters.count_eager_verify()
+    return out
+
+
+def draft_extend_backend_hook(original: Callable, factory, *args, **kwargs):
+    """AROUND ``DraftBackendFactory.create_draft_extend_backend(self)``: with the flag on, the
+    draft's triton draft-extend backend becomes ``ChainDraftExtendTritonBackend``
+    (``capture.draft_extend_backend_for``); any other backend is returned unchanged."""
+    backend = original(factory, *args, **kwargs)
+    return _capture().draft_extend_backend_for(factory.draft_model_runner, backend)
+
+
+def draft_extend_execute_hook(original: Callable, runner, forward_batch, *args, **kwargs):
+    """AROUND ``EAGLEDraftExtendCudaGraphRunner.execute(self, forward_batch, ...)``: a replay of a
+    draft-extend graph served by the chain kernel is counted (``raw_bs`` padded to ``bs``) and
+    passed to the runner's probe (the self-test when it is on)."""
+    capture = _capture()
+    counters = get_counters()
+    if counters is None or not capture.uses_chain_draft_extend(runner):
+        return original(runner, forward_batch, *args, **kwargs)
+    probe = capture.draft_extend_probe(runner)
+    probe.before_execute(runner, forward_batch)
+    out = original(runner, forward_batch, *args, **kwargs)
+    counters.count_draft_extend_replay(runner.bs, runner.raw_bs)
+    probe.after_execute(runner, forward_batch, out)
     return out
 
 
@@ -167,6 +202,8 @@ def runtime_hooks() -> list[Hook]:
     return [
         graph,
         (adapter.FORWARD_RAW, forward_raw_hook, adapter.HookType.AROUND),
+        (adapter.CREATE_DRAFT_EXTEND_BACKEND, draft_extend_backend_hook, adapter.HookType.AROUND),
+        (adapter.DRAFT_EXTEND_EXECUTE, draft_extend_execute_hook, adapter.HookType.AROUND),
         (adapter.BUILD_VERIFY_INPUT, build_verify_input_hook, adapter.HookType.AROUND),
         (adapter.GET_INTERNAL_STATE, internal_state_hook, adapter.HookType.AFTER),
     ]

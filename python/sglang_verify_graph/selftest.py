@@ -161,3 +161,87 @@ class GraphSelfTest(VerifyProbe):
         self._raw_bs[runner.raw_bs] += 1
         r["bs_seen"] = dict(self._bs)
         r["raw_bs_seen"] = dict(self._raw_bs)
+
+
+# ---- draft extend ---------------------------------------------------------------------------
+_DRAFT_EXTEND_POISONED = ("seq_lens", "out_cache_loc", "positions", "req_pool_indices")
+_SPEC_FIELDS = ("positions", "num_correct_drafts", "num_accept_tokens", "extend_seq_lens_cpu",
+                "extend_seq_lens_tensor")
+
+
+class DraftExtendProbe:
+    """What ``plugin.draft_extend_execute_hook`` calls around each replay of SGLang's draft-extend
+    graph (``EAGLEDraftExtendCudaGraphRunner.execute``) when the chain kernel serves it; every
+    method of this base does nothing."""
+
+    def before_execute(self, runner, forward_batch) -> None:
+        """Before ``execute`` loads the batch into the runner's static buffers."""
+
+    def after_execute(self, runner, forward_batch, graph_out) -> None:
+        """After ``execute`` returned (``graph_out``: real rows' logits and hidden states)."""
+
+
+NO_DRAFT_EXTEND_PROBE = DraftExtendProbe()
+
+
+class DraftExtendSelfTest(DraftExtendProbe):
+    """The draft-extend self-test; results in ``selftest["draft_extend"]`` of the counters.
+
+    Before each replay: the runner's static ``seq_lens``, ``out_cache_loc``, ``positions`` and
+    ``req_pool_indices`` (all rows; ``execute`` neutralises the padded ones) to :data:`POISON`, and
+    the chain kernel's fp32 scratch to NaN. After it: the same batch through SGLang's own
+    ``DRAFT_EXTEND_V2`` attention (``ChainDraftExtendTritonBackend.reference``: the triton
+    backend's ``extend_attention_fwd`` over a freshly built ``kv_indices``), eagerly, with the
+    batch's own ``spec_info`` as ``execute`` found it; the real rows' ``next_token_logits`` and
+    hidden states are compared (relative Frobenius error, argmax mismatches, non-finite rows)."""
+
+    def __init__(self, runner, selftest: dict):
+        self.result = selftest.setdefault("draft_extend", {})
+        self.result.update(checks=0, logits_max_rel_err=0.0, hidden_max_rel_err=0.0,
+                           argmax_mismatch=0, nonfinite_rows=0, rows=0, bs_seen={}, raw_bs_seen={})
+        self._bs, self._raw_bs = Counter(), Counter()
+        self._spec = {}
+
+    def before_execute(self, runner, forward_batch) -> None:
+        for name in _DRAFT_EXTEND_POISONED:
+            buf = getattr(runner.buffers, name, None)
+            if buf is not None:
+                buf.fill_(POISON)
+        static = getattr(runner.draft_extend_attn_backend, "_chain_static", None)
+        for buf in static or ():
+            buf.fill_(float("nan"))
+        spec = forward_batch.spec_info
+        self._spec = {k: getattr(spec, k) for k in _SPEC_FIELDS if hasattr(spec, k)}
+
+    def after_execute(self, runner, forward_batch, graph_out) -> None:
+        backend = runner.draft_extend_attn_backend
+        spec = forward_batch.spec_info
+        after = {k: getattr(spec, k) for k in self._spec}
+        for k, v in self._spec.items():
+            setattr(spec, k, v)
+        logits = graph_out.next_token_logits.clone()
+        hidden = graph_out.hidden_states.clone() if graph_out.hidden_states is not None else None
+        backend.reference = True
+        try:
+            backend.init_forward_metadata(forward_batch)
+            with adapter.attention_context(backend):
+                ref = runner.model_runner.model.forward(
+                    forward_batch.input_ids, forward_batch.positions, forward_batch)
+        finally:
+            backend.reference = False
+            for k, v in after.items():
+                setattr(spec, k, v)
+        r = self.result
+        r["checks"] += 1
+        r["rows"] += logits.shape[0]
+        r["nonfinite_rows"] += int((~torch.isfinite(logits).all(-1)).sum().item())
+        ref_logits = ref.next_token_logits[:logits.shape[0]]
+        r["logits_max_rel_err"] = worst(r["logits_max_rel_err"], GraphSelfTest._rel(logits, ref_logits))
+        r["argmax_mismatch"] += int((logits.argmax(-1) != ref_logits.argmax(-1)).sum().item())
+        if hidden is not None and ref.hidden_states is not None:
+            r["nonfinite_rows"] += int((~torch.isfinite(hidden).all(-1)).sum().item())
+            r["hidden_max_rel_err"] = worst(
+                r["hidden_max_rel_err"], GraphSelfTest._rel(hidden, ref.hidden_states[:hidden.shape[0]]))
+        self._bs[runner.bs] += 1
+        self._raw_bs[runner.raw_bs] += 1
+        r["bs_seen"], r["raw_bs_seen"] = dict(self._bs), dict(self._raw_bs)

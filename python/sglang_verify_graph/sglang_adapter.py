@@ -66,6 +66,11 @@ DECODE_RUNNER_CLS = "sglang.srt.model_executor.model_runner.ModelRunner._decode_
 FORWARD_RAW = "sglang.srt.model_executor.model_runner.ModelRunner._forward_raw"
 """Dispatches one forward to the decode graph, the prefill graph or the eager runner."""
 BUILD_VERIFY_INPUT = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
+CREATE_DRAFT_EXTEND_BACKEND = "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend"
+"""Builds the draft's draft-extend attention backend (also the draft runner's ``attn_backend``)."""
+DRAFT_EXTEND_EXECUTE = ("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner."
+                        "EAGLEDraftExtendCudaGraphRunner.execute")
+"""Replays the draft-extend graph (``DRAFT_EXTEND_V2``) for one batch; sets ``raw_bs`` / ``bs``."""
 GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 _EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2"
 CYCLE = f"{_EAGLE_V2}.EAGLEWorkerV2.forward_batch_generation"
@@ -118,6 +123,14 @@ def triton_attn_backend_cls():
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     return TritonAttnBackend
+
+
+def attention_context(backend):
+    """A context manager under which SGLang's attention layers call ``backend``
+    (``ForwardContext(attn_backend=backend)``, as ``ModelRunner._forward_raw`` enters it)."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    return forward_context(ForwardContext(attn_backend=backend))
 
 
 def decode_cuda_graph_runner_cls():

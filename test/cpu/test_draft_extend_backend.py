@@ -1,0 +1,211 @@
+"""The draft's DRAFT_EXTEND_V2 attention: which backend the draft gets, which forward mode each
+chain backend serves (and with which ``seq_lens`` convention), and how draft-extend replays and
+eager forwards are counted."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_verify_graph import capture, plugin
+from sglang_verify_graph import chain_backend as cb
+from sglang_verify_graph import counters as C
+from sglang_verify_graph.config import VerifyGraphConfig
+from sglang_verify_graph.env import ENV_DRAFT_EXTEND, read_env
+from sglang_verify_graph.errors import VerifyGraphConfigError
+
+CFG = VerifyGraphConfig(num_steps=2, num_draft_tokens=3, topk=1, speculative_algorithm="EAGLE3",
+                        attention_backend="triton", page_size=1, max_running_requests=None,
+                        num_kv_splits=None, log_every=0)
+
+
+def _mode(name):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return getattr(ForwardMode, name)
+
+
+def _backend(cls, h=4, kvh=2, d=16, ndt=3, bs=2):
+    """A chain backend with the state ``forward_extend`` reads (no model runner)."""
+    from sgl_verify_kernel import ChainVerifyShape
+
+    backend = cls.__new__(cls)
+    kbuf = torch.zeros(64, kvh, d)
+    backend.token_to_kv_pool = SimpleNamespace(get_key_buffer=lambda i: kbuf,
+                                               get_value_buffer=lambda i: kbuf)
+    backend.req_to_token = torch.zeros(4, 32, dtype=torch.int32)
+    backend.chain_shape = ChainVerifyShape(h, kvh, d, d, ndt)
+    backend._chain_meta = cb.ChainMetadata(torch.zeros(bs, dtype=torch.int64),
+                                           torch.full((bs,), 5, dtype=torch.int64), 1,
+                                           torch.empty(4096), torch.empty(256))
+    backend._set_kv_buffer = lambda *a, **k: None
+    layer = SimpleNamespace(
+        layer_id=0, tp_q_head_num=h, qk_head_dim=d, v_head_dim=d, scaling=d ** -0.5,
+        sliding_window_size=-1, is_cross_attention=False, xai_temperature_len=-1,
+        logit_cap=0.0, logit_capping_method="tanh", k_scale=None, k_scale_float=1.0, v_scale_float=1.0)
+    q, k = torch.randn(bs * ndt, h * d), torch.randn(bs * ndt, kvh, d)
+    return backend, layer, q, k
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cb.adapter, "kv_write_loc", lambda *a, **k: None)
+    monkeypatch.setattr(cb, "chain_verify_attention_fwd", lambda *a, **k: calls.append(k))
+    return calls
+
+
+@pytest.fixture
+def upstream_calls(monkeypatch):
+    calls = []
+    parent = cb.adapter.triton_attn_backend_cls()
+    monkeypatch.setattr(parent, "forward_extend", lambda self, *a, **k: calls.append("upstream"))
+    return calls
+
+
+@pytest.mark.parametrize("cls, mode, include_chain", [
+    (cb.ChainVerifyTritonBackend, "TARGET_VERIFY", False),
+    (cb.ChainDraftExtendTritonBackend, "DRAFT_EXTEND_V2", True),
+], ids=["verify", "draft-extend"])
+def test_each_backend_serves_its_mode_with_its_seq_lens(kernel_calls, upstream_calls, cls, mode,
+                                                        include_chain):
+    """TARGET_VERIFY's ``seq_lens`` are the prefix; DRAFT_EXTEND_V2's already include the chain
+    (prefix + num_draft_tokens), so the draft-extend backend must tell the kernel so: without it
+    every draft-extend row would see ``num_draft_tokens`` keys past its own position."""
+    backend, layer, q, k = _backend(cls)
+    backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode(mode)))
+    assert upstream_calls == []
+    assert [c["seq_lens_include_chain"] for c in kernel_calls] == [include_chain]
+
+
+@pytest.mark.parametrize("cls, other", [
+    (cb.ChainVerifyTritonBackend, "DRAFT_EXTEND_V2"),
+    (cb.ChainVerifyTritonBackend, "EXTEND"),
+    (cb.ChainDraftExtendTritonBackend, "TARGET_VERIFY"),
+    (cb.ChainDraftExtendTritonBackend, "EXTEND"),
+], ids=["verify-backend/draft-extend", "verify-backend/extend", "draft-extend-backend/verify",
+        "draft-extend-backend/extend"])
+def test_every_other_mode_is_upstream(kernel_calls, upstream_calls, cls, other):
+    backend, layer, q, k = _backend(cls)
+    backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode(other)))
+    assert kernel_calls == [] and upstream_calls == ["upstream"]
+
+
+def test_reference_switch_serves_draft_extend_with_upstream(kernel_calls, upstream_calls):
+    """The self-test's independent reference: SGLang's own DRAFT_EXTEND_V2 attention."""
+    backend, layer, q, k = _backend(cb.ChainDraftExtendTritonBackend)
+    backend.reference = True
+    backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode("DRAFT_EXTEND_V2")))
+    assert kernel_calls == [] and upstream_calls == ["upstream"]
+
+
+# ---- which backend the draft gets -----------------------------------------------------------
+@pytest.fixture
+def built(monkeypatch):
+    made = []
+
+    class Ours:
+        use_mla = False
+
+        def __init__(self, runner, cfg):
+            made.append((runner, cfg))
+
+    monkeypatch.setattr(capture, "ChainDraftExtendTritonBackend", Ours)
+    monkeypatch.setattr(C, "_COUNTERS", C.VerifyCounters())
+    return made, Ours
+
+
+def _upstream_triton():
+    parent = cb.adapter.triton_attn_backend_cls()
+    b = parent.__new__(parent)
+    b.prefill_attention_backend_str = b.decode_attention_backend_str = "triton"
+    return b
+
+
+def test_draft_gets_the_chain_backend_with_the_flag_on(monkeypatch, built):
+    made, ours = built
+    monkeypatch.setattr(capture, "config_for", lambda mr: CFG)
+    runner = object()
+    got = capture.draft_extend_backend_for(runner, _upstream_triton())
+    assert isinstance(got, ours) and made == [(runner, CFG)]
+    assert got.prefill_attention_backend_str == "triton"  # 0.5.23's stamps carried over
+    assert C.get_counters().snapshot()["draft_extend"]["attention"] == "chain split-KV (MHA)"
+
+
+@pytest.mark.parametrize("case", ["flag-off", "upstream-chosen", "not-exactly-triton"])
+def test_draft_keeps_its_backend_otherwise(monkeypatch, built, case):
+    made, _ = built
+    cfg = {"flag-off": None, "upstream-chosen": CFG.__class__(**{**CFG.__dict__,
+           "draft_extend_attention": "upstream"})}.get(case, CFG)
+    monkeypatch.setattr(capture, "config_for", lambda mr: cfg)
+    backend = _upstream_triton() if case != "not-exactly-triton" else SimpleNamespace()
+    assert capture.draft_extend_backend_for(object(), backend) is backend
+    assert made == []
+
+
+def test_factory_hook_hands_the_draft_runner_over(monkeypatch):
+    seen = []
+    monkeypatch.setattr(capture, "draft_extend_backend_for", lambda mr, b: seen.append((mr, b)) or "ours")
+    factory = SimpleNamespace(draft_model_runner="draft-runner")
+    assert plugin.draft_extend_backend_hook(lambda self: "upstream", factory) == "ours"
+    assert seen == [("draft-runner", "upstream")]
+
+
+def test_draft_extend_choice_is_read_from_the_environment():
+    assert read_env({}).draft_extend == "chain"
+    assert read_env({ENV_DRAFT_EXTEND: "Upstream"}).draft_extend == "upstream"
+    with pytest.raises(VerifyGraphConfigError) as info:
+        read_env({ENV_DRAFT_EXTEND: "fast"})
+    assert ENV_DRAFT_EXTEND in str(info.value) and "\n" not in str(info.value)
+
+
+# ---- counting -------------------------------------------------------------------------------
+@pytest.fixture
+def counters(monkeypatch):
+    c = C.VerifyCounters(draft_extend_attention="chain split-KV (MHA)")
+    monkeypatch.setattr(C, "_COUNTERS", c)
+    monkeypatch.setattr(plugin, "get_counters", lambda: c)
+    return c
+
+
+def _draft_extend_runner(bs, raw_bs):
+    backend = cb.ChainDraftExtendTritonBackend.__new__(cb.ChainDraftExtendTritonBackend)
+    backend.verify_cfg = CFG
+    runner = SimpleNamespace(draft_extend_attn_backend=backend)
+
+    def execute(self, forward_batch, *rest):  # what SGLang's execute sets before the replay
+        self.bs, self.raw_bs = bs, raw_bs
+        return "out"
+
+    return runner, execute
+
+
+def test_each_draft_extend_replay_is_counted_with_its_padding(counters):
+    runner, execute = _draft_extend_runner(bs=4, raw_bs=3)
+    for _ in range(2):
+        assert plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace()) == "out"
+    snap = counters.snapshot()["draft_extend"]
+    assert snap["replays"] == 2 and snap["padded_rows"] == 2 and snap["eager"] == 0
+
+
+def test_replays_of_an_upstream_draft_extend_graph_are_not_counted(counters):
+    runner, execute = _draft_extend_runner(bs=1, raw_bs=1)
+    runner.draft_extend_attn_backend = _upstream_triton()
+    plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace())
+    assert counters.draft_extend_replays == 0
+
+
+@pytest.mark.parametrize("backend, mode, eager", [
+    (cb.ChainDraftExtendTritonBackend, "DRAFT_EXTEND_V2", 1),
+    (cb.ChainDraftExtendTritonBackend, "EXTEND", 0),       # the draft's prefill
+    (None, "DRAFT_EXTEND_V2", 0),                          # an upstream draft-extend backend
+], ids=["chain-draft-extend", "draft-prefill", "upstream-backend"])
+def test_eager_draft_extend_is_counted_where_sglang_dispatches_it(counters, backend, mode, eager):
+    b = backend.__new__(backend) if backend else _upstream_triton()
+    model_runner = SimpleNamespace(attn_backend=b, decode_cuda_graph_runner=None)
+    out = plugin.forward_raw_hook(lambda mr, fb: "ran", model_runner,
+                                  SimpleNamespace(forward_mode=_mode(mode)))
+    assert out == "ran" and counters.draft_extend_eager == eager
+    assert counters.verify_steps == 0  # never counted as a verify step
