@@ -70,6 +70,10 @@ pytestmark = [pytest.mark.server, pytest.mark.skipif(not _has_cuda(), reason="ne
 
 BACKEND = os.environ.get("E2E_BACKEND", "triton")
 DRAFT_BACKEND = os.environ.get("E2E_DRAFT_BACKEND", "")
+# a triton draft-extend backend runs DRAFT_EXTEND_V2 on the chain kernel unless
+# SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream
+DRAFT_EXTEND_CHAIN = ((DRAFT_BACKEND or BACKEND) == "triton" and
+                      os.environ.get("SGLANG_VERIFY_GRAPH_DRAFT_EXTEND", "chain").strip().lower() != "upstream")
 # --speculative-num-steps of the ours/upstream servers (num_draft_tokens = STEPS + 1); 5 runs the
 # kernel's 16-row tiling on an MLA target (48 rows per latent head at 6 draft tokens)
 STEPS = int(os.environ.get("E2E_STEPS", "2"))
@@ -257,6 +261,8 @@ def test_ours_reports_verify_runner(servers):
     assert st["num_draft_tokens"] == STEPS + 1, st
     assert 1 in st["capture_bs"] and max(st["capture_bs"]) >= 8, st
     assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"], st
+    if DRAFT_EXTEND_CHAIN:
+        assert st["draft_extend"]["attention"].startswith("chain"), st
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 4, 8])
@@ -288,10 +294,15 @@ def test_ours_concurrent_generate(servers, concurrency):
     after = s.plugin_state()
     vct = [r["meta_info"].get("spec_verify_ct") or 0 for r in results]
     d = {k: after[k] - before[k] for k in ("replays", "verify_steps", "fallback_total")}
+    if DRAFT_EXTEND_CHAIN:  # one draft extend per verify step, counted where it runs
+        d.update({f"draft_extend_{k}": after["draft_extend"][k] - before["draft_extend"][k]
+                  for k in ("replays", "eager")})
     RESULTS.setdefault("concurrency", {})[concurrency] = {"delta": d, "spec_verify_ct": vct, "after": after}
     _dump_results()
     assert after["fallback_total"] == 0, f"fallbacks: {after['fallbacks']}"
     assert d["replays"] == d["verify_steps"] > 0, d
+    if DRAFT_EXTEND_CHAIN:
+        assert d["draft_extend_replays"] == d["verify_steps"] and d["draft_extend_eager"] == 0, d
     if any(vct):  # one verify step serves the whole batch; overlap may run one extra step per request
         assert max(vct) <= d["verify_steps"] <= sum(vct) + len(jobs), (d, vct)
 

@@ -39,3 +39,17 @@ def test_chain_kernel_either_row_block_size(block_rows):
     err = run_case(**KIMI_TP8, ndt=6, seq_lens=[3000, 17, 900, 1], dtype=torch.bfloat16, device="cuda",
                    ctx=4096, pool_slots=40000, block_rows=block_rows)
     assert err < 2e-2, f"relative error {err:.3e} with block_rows={block_rows}"
+
+
+@pytest.mark.parametrize("model", [LLAMA_8B, KIMI_TP8, dict(heads=8, kv_heads=1, dk=128, dv=128, rope=0)],
+                         ids=["llama8b", "kimi_tp8_mla", "kimi_tp8_llama_draft"])
+@pytest.mark.parametrize("ndt", [3, 4])
+def test_draft_extend_lengths_match_reference_per_row(model, ndt):
+    """DRAFT_EXTEND_V2 lengths (``seq_lens`` = prefix + ndt; 1 is a padded row of the draft-extend
+    graph, prefix 0) on the target shapes and the Kimi shard's Llama-style drafter (8 heads, 1 KV
+    head): every (token, head) row within 3e-2 of the float64 reference."""
+    seq_lens = [n + ndt for n in (3000, 17, 900, 64)] + [1]
+    err = run_case(**model, ndt=ndt, seq_lens=seq_lens, dtype=torch.bfloat16, device="cuda",
+                   ctx=4096, pool_slots=40000, seed=ndt, seq_lens_include_chain=True, per_row=True)
+    print(f"per-row max relative error {err:.3e}")
+    assert err < 3e-2, f"per-row relative error {err:.3e}"

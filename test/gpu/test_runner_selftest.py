@@ -9,7 +9,9 @@ largest bucket). Inside the scheduler, for every replay the self-test (``selftes
 * fills every static input buffer with 2**40 before ``load_batch`` (stale padded rows would index
   out of range: sgl-project/sglang#10892, #25512),
 * re-runs the batch eagerly and compares real rows' logits and EAGLE-3 aux hidden states,
-* checks the static buffers' addresses never moved since capture.
+* checks the static buffers' addresses never moved since capture;
+* for the draft's DRAFT_EXTEND_V2 graph (chain kernel), poisons its static inputs and compares
+  every replay with SGLang's own draft-extend attention run eagerly.
 
 Failure modes guarded: graph != eager; padded rows not neutralised (device assert); buffers
 re-allocated after capture (stale graph pointers); a batch above the largest bucket crashing or
@@ -128,6 +130,29 @@ def test_graph_equals_eager_on_every_bucket_with_poisoned_padding(server):
     assert st.get("hidden_missing", 0) == 0
     assert st["addresses_stable"]
     assert s["fallback_total"] == 0 and s["replays"] == s["verify_steps"]
+
+
+def test_draft_extend_graph_equals_upstreams_path(server):
+    """The draft's DRAFT_EXTEND_V2 graph (the chain kernel, ``ChainDraftExtendTritonBackend``)
+    against SGLang's own draft-extend attention (``extend_attention_fwd`` over a fresh
+    ``kv_indices``) run eagerly on the same batch, for every replay, with the runner's static
+    ``seq_lens`` / ``out_cache_loc`` / ``positions`` / ``req_pool_indices`` poisoned to 2**40 and
+    the chain scratch to NaN before each one (``selftest.DraftExtendSelfTest``)."""
+    _burst(6, [TOKENS * (i + 1) for i in range(6)])
+    s = _state()
+    if BACKEND != "triton" and "draft_extend" not in s:
+        pytest.skip(f"the draft-extend backend of --attention-backend {BACKEND} is not triton")
+    de, st = s["draft_extend"], s["selftest"]["draft_extend"]
+    assert de["attention"].startswith("chain"), de
+    assert de["replays"] > 0 and de["eager"] <= s["fallback_total"], de
+    # one draft extend follows every verify step (counted apart: graph execute vs eager dispatch)
+    assert de["replays"] + de["eager"] == s["verify_steps"], (de, s["verify_steps"])
+    assert st["checks"] == de["replays"], st
+    assert {int(k) for k in st["raw_bs_seen"]} >= set(range(1, 7)), st
+    assert de["padded_rows"] > 0, de
+    assert st["argmax_mismatch"] <= 0.005 * st["rows"], st
+    assert st["logits_max_rel_err"] < 1e-2 and st["hidden_max_rel_err"] < 1e-2, st
+    assert st["nonfinite_rows"] == 0, st
 
 
 PAGE_EDGES = [63, 64, 65, 127, 128, 129]
