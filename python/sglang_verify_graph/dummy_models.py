@@ -20,7 +20,27 @@ Writes, under OUT_DIR, a target and its EAGLE-3 draft per model family:
 ``kimi-k25-small/``    ``KimiK25ForConditionalGeneration`` wrapping the kimi-small text model
                        (``text_config``) with a 1-layer vision tower
 ``kimi-k25-small-eagle3/`` Llama-style EAGLE-3 draft as for kimi-small
+``kimi-k25-shard/``    one TP-8 shard of Kimi-K2.5's text model at full depth: DeepseekV3ForCausalLM,
+                       61 layers (layer 0 dense), hidden 7168, 8 heads, MLA q_lora 1536 / kv_lora 512
+                       / rope 64, 384 routed experts top-8 of width 256 + 1 shared expert of width
+                       256, dense width 2304, vocab 20480, YaRN rope (factor 64, 4096 original),
+                       the checkpoint's compressed-tensors ``quantization_config`` (routed experts
+                       INT4 W4A16, group 32, symmetric; everything else bf16)
+``kimi-k25-shard-eagle3/`` the Llama-style EAGLE-3 drafter's shard (``LlamaForCausalLMEagle3``, 1 layer,
+                       hidden 7168, 8 heads / 8 KV heads of 128, intermediate 1536, vocab 20480),
+                       aux layer ids [2, 30, 58]
+``kimi-k25-shard-wrapped/`` ``KimiK25ForConditionalGeneration`` around the kimi-k25-shard text model
+                       (``text_config`` with the checkpoint's quantization block, vision tower at
+                       Kimi-K2.5's depth: 27 layers of 1152)
+``kimi-k25-shard-wrapped-eagle3/`` the drafter as for kimi-k25-shard
 =====================  ===========================================================================
+
+A TP-8 shard (``tp_shard``): what tensor parallelism divides by 8 is divided here (attention
+heads, KV heads, the dense, shared-expert and routed-expert intermediate widths, the vocabulary
+rows of the embedding and the LM head, the drafter's heads and MLP width); what every rank holds
+whole stays whole (hidden 7168, the MLA down-projections and latent KV, all 384 experts, router,
+norms, the drafter's fc). ``shard_weight_bytes`` counts its weights per component (71.7 GiB
+with the drafter) and ``kv_bytes_per_token`` its KV cache (70,272 bytes per token).
 
 Each folder gets ``config.json``, ``generation_config.json`` and a WordLevel tokenizer
 (``tokenizer.json`` + ``tokenizer_config.json``; ids 0/1/2 = unk(pad)/bos/eos, then printable ASCII,
@@ -77,7 +97,7 @@ def llama_8b():
 
 
 def kimi_small(layers: int = 6):
-    """Reduced Kimi-K2 (DeepseekV3) target, as /work/shared/device/make_dsv3.py, + Llama-style draft."""
+    """Reduced Kimi-K2 (DeepseekV3) target at one TP-8 shard's widths, + Llama-style draft."""
     V = 32000
     t = {
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
@@ -114,22 +134,240 @@ def kimi_k25_small(layers: int = 6):
     ``vt_hidden_size``, which SGLang 0.5.16's ``K2VLMultiModalProjector`` reads from the vision
     config and the real Kimi-K2.5 config.json carries; without it the model fails to build)."""
     text, draft = kimi_small(layers)
-    t = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-         "text_config": dict(text), "vision_config": {
-             "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
-             "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed", "num_attention_heads": 16,
-             "num_hidden_layers": 1, "hidden_size": 1152, "vt_hidden_size": 1152,
-             "intermediate_size": 4304,
-             "merge_kernel_size": [2, 2], "video_attn_type": "spatial_temporal",
-             "merge_type": "sd2_tpool", "mm_projector_type": "patchmerger",
-             "projector_hidden_act": "gelu", "projector_ln_eps": 1e-5, "text_hidden_size": 7168},
-         "media_placeholder_token_id": text["vocab_size"] - 1, "pad_token_id": PAD,
-         "bos_token_id": BOS, "eos_token_id": EOS, "torch_dtype": "bfloat16"}
-    return t, draft
+    return _kimi_k25_wrapper(text, vision_layers=1), draft
+
+
+def _kimi_k25_wrapper(text: dict, vision_layers: int) -> dict:
+    """``KimiK25ForConditionalGeneration`` config around a DeepseekV3 ``text_config``: MoonViT
+    vision tower of ``vision_layers`` layers of width 1152 (16 heads, FFN 4304), patch merger."""
+    return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+            "text_config": dict(text), "vision_config": {
+                "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
+                "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed", "num_attention_heads": 16,
+                "num_hidden_layers": vision_layers, "hidden_size": 1152, "vt_hidden_size": 1152,
+                "intermediate_size": 4304,
+                "merge_kernel_size": [2, 2], "video_attn_type": "spatial_temporal",
+                "merge_type": "sd2_tpool", "mm_projector_type": "patchmerger",
+                "projector_hidden_act": "gelu", "projector_ln_eps": 1e-5, "text_hidden_size": 7168},
+            "media_placeholder_token_id": text["vocab_size"] - 1, "pad_token_id": PAD,
+            "bos_token_id": BOS, "eos_token_id": EOS, "torch_dtype": "bfloat16"}
+
+
+# --------------------------------------------------------------------- the Kimi-K2.5 TP-8 shard
+KIMI_K25_QUANTIZATION_CONFIG = {
+    "config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32,
+                    "num_bits": 4, "observer": "minmax", "observer_kwargs": {}, "strategy": "group",
+                    "symmetric": True, "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
+}
+"""``text_config.quantization_config`` of moonshotai/Kimi-K2.5's ``config.json`` (compressed-tensors
+``pack-quantized``: every ``Linear`` INT4 W4A16, group 32, symmetric, except what ``ignore``
+names: attention, shared experts, the dense MLP, LM head, vision tower, projector; so the routed
+experts are INT4 and the rest bf16). moonshotai/Kimi-K2-Thinking has the same block at the top
+level with ``lm_head`` and the first four patterns, no vision entries."""
+
+KIMI_K25_TEXT = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
+    "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "first_k_dense_replace": 1,
+    "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 262144, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+    "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 64, "num_nextn_predict_layers": 0, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-6,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid",
+    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128, "vocab_size": 163840,
+    "initializer_range": 0.02,
+}
+"""Kimi-K2.5's text model (``text_config`` of its ``config.json``; DeepSeek-V3 architecture) as
+``DeepseekV3ForCausalLM``, with this module's tokenizer ids instead of the checkpoint's."""
+
+KIMI_K25_EAGLE3 = {"hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 64,
+                   "head_dim": 128, "intermediate_size": 12288, "vocab_size": 163840,
+                   "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144}
+"""The Llama-style EAGLE-3 drafter trained for Kimi-K2.5 (TorchSpec ``kimi_k25_eagle3.json``, the
+architecture of lightseekorg/kimi-k2.5-eagle3): 1 ``LlamaForCausalLMEagle3`` layer, MHA with 64
+heads / 64 KV heads of 128, MLP 12288, the target's vocabulary. Its config names no aux layer
+ids: SGLang's DeepseekV3 default, ``[2, L // 2, L - 3]``, is [2, 30, 58] for 61 layers."""
+
+TP_DIVIDED = ("num_attention_heads", "num_key_value_heads", "intermediate_size",
+              "moe_intermediate_size", "vocab_size")
+"""Config fields tensor parallelism divides by the TP size, target and drafter alike."""
+
+
+def tp_shard(cfg: dict, tp: int) -> dict:
+    """The widths one of ``tp`` tensor-parallel ranks holds: ``TP_DIVIDED`` fields divided by
+    ``tp`` (each must divide), every other field as it is (a TP-1 model of these widths does the
+    per-rank work of the TP-``tp`` model, without its all-reduces and logits all-gather)."""
+    out = dict(cfg)
+    for k in TP_DIVIDED:
+        if k in cfg:
+            assert cfg[k] % tp == 0, f"{k}={cfg[k]} is not divisible by tp={tp}"
+            out[k] = cfg[k] // tp
+    return out
+
+
+def kimi_k25_shard(tp: int = 8):
+    """One TP-``tp`` rank of Kimi-K2.5 at full depth, INT4 routed experts, + its Llama-style
+    EAGLE-3 drafter's rank. The ``ignore`` list drops the vision entries (no such modules here)."""
+    q = dict(KIMI_K25_QUANTIZATION_CONFIG,
+             ignore=[p for p in KIMI_K25_QUANTIZATION_CONFIG["ignore"] if "vision" not in p
+                     and "mm_projector" not in p])
+    t = dict(tp_shard(KIMI_K25_TEXT, tp), quantization_config=q)
+    L = t["num_hidden_layers"]
+    d = tp_shard(KIMI_K25_EAGLE3, tp)
+    base = _llama(d["hidden_size"], 1, d["num_attention_heads"], d["num_key_value_heads"],
+                  d["intermediate_size"], d["vocab_size"], d["max_position_embeddings"], d["rope_theta"],
+                  head_dim=d["head_dim"])
+    base["rms_norm_eps"] = d["rms_norm_eps"]
+    return t, _eagle3_draft(base, [2, L // 2, L - 3], t["hidden_size"])
+
+
+def kimi_k25_shard_wrapped(tp: int = 8):
+    """kimi-k25-shard behind ``KimiK25ForConditionalGeneration`` as the checkpoint ships it: the
+    quantization block (the full ``ignore`` list) inside ``text_config``, which SGLang 0.5.16's
+    ``KimiK25Config`` lifts to the top level; the text model is built with that quant config and
+    prefix "" (``models/kimi_k25.py``), the vision tower without it."""
+    t, draft = kimi_k25_shard(tp)
+    t = dict(t, quantization_config=dict(KIMI_K25_QUANTIZATION_CONFIG))
+    return _kimi_k25_wrapper(t, vision_layers=27), draft
+
+
+# --------------------------------------------------------------------- shard arithmetic
+BF16, FP32 = 2, 4
+
+
+def ct_ignored(name: str, ignore) -> bool:
+    """compressed-tensors' ignore test as SGLang applies it (``should_ignore_layer`` ->
+    ``_is_equal_or_regex_match(check_contains=True)``): ``re:`` patterns by ``re.match``, other
+    entries as case-insensitive substrings of the module name."""
+    import re
+
+    return any(re.match(p[3:], name) if p.startswith("re:") else p.lower() in name.lower()
+               for p in ignore)
+
+
+def shard_components(cfg: dict, draft: dict | None = None) -> list:
+    """The weight tensors of a DeepseekV3 target (``text_config`` of a wrapper) and an EAGLE-3
+    Llama drafter, grouped as SGLang 0.5.16 builds them. Rows ``(component, module, count,
+    numel, kind, tp)``: ``module`` a representative SGLang module prefix (what the quant config
+    is matched against), ``count`` how many such tensors, ``numel`` elements of one, ``kind``
+    ``linear`` / ``experts`` (quantizable under ``targets: [Linear]``), ``embedding`` / ``norm`` /
+    ``router`` / ``bias32`` (never: not a LinearBase, or fp32), ``tp`` what TP does to it:
+    ``divided`` (column/row/vocab parallel) or ``replicated``."""
+    c = text_config(cfg)
+    H, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    h, nope, rope, vd = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    ql, kvl = c["q_lora_rank"], c["kv_lora_rank"]
+    dense = c["first_k_dense_replace"]
+    moe = L - dense
+    E, Im, S = c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"]
+    rows = [
+        ("embed_tokens", "model.embed_tokens", 1, V * H, "embedding", "divided"),
+        ("attn fused_qkv_a_proj_with_mqa", "model.layers.1.self_attn.fused_qkv_a_proj_with_mqa", L,
+         H * (ql + kvl + rope), "linear", "replicated"),
+        ("attn q_a/kv_a layernorms", "model.layers.1.self_attn.q_a_layernorm", L, ql + kvl, "norm", "replicated"),
+        ("attn q_b_proj", "model.layers.1.self_attn.q_b_proj", L, ql * h * (nope + rope), "linear", "divided"),
+        ("attn kv_b_proj", "model.layers.1.self_attn.kv_b_proj", L, kvl * h * (nope + vd), "linear", "divided"),
+        ("attn o_proj", "model.layers.1.self_attn.o_proj", L, h * vd * H, "linear", "divided"),
+        ("dense mlp gate_up_proj", "model.layers.0.mlp.gate_up_proj", dense, H * 2 * c["intermediate_size"],
+         "linear", "divided"),
+        ("dense mlp down_proj", "model.layers.0.mlp.down_proj", dense, c["intermediate_size"] * H, "linear", "divided"),
+        ("moe router gate", "model.layers.1.mlp.gate", moe, E * H, "router", "replicated"),
+        ("moe router e_score_correction_bias", "model.layers.1.mlp.gate.e_score_correction_bias", moe, E,
+         "bias32", "replicated"),
+        ("moe routed experts (w13 + w2)", "model.layers.1.mlp.experts", moe, E * 3 * H * Im, "experts", "divided"),
+        ("moe shared_experts gate_up_proj", "model.layers.1.mlp.shared_experts.gate_up_proj", moe,
+         H * 2 * Im * S, "linear", "divided"),
+        ("moe shared_experts down_proj", "model.layers.1.mlp.shared_experts.down_proj", moe, Im * S * H,
+         "linear", "divided"),
+        ("layernorms (input, post-attention, final)", "model.layers.1.input_layernorm", 2 * L + 1, H, "norm",
+         "replicated"),
+        ("lm_head", "lm_head", 1, V * H, "linear", "divided"),
+    ]
+    if draft is not None:
+        dh, dkv, hd = draft["num_attention_heads"], draft["num_key_value_heads"], draft["head_dim"]
+        DH, DI, DV = draft["hidden_size"], draft["intermediate_size"], draft.get("draft_vocab_size") or draft["vocab_size"]
+        n_aux = len(draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        rows += [
+            ("draft fc (aux hidden states)", "draft.model.fc", 1, n_aux * draft["target_hidden_size"] * DH,
+             "draft", "replicated"),
+            ("draft qkv_proj (input 2 x hidden)", "draft.model.layers.0.self_attn.qkv_proj", 1,
+             2 * DH * (dh + 2 * dkv) * hd, "draft", "divided"),
+            ("draft o_proj", "draft.model.layers.0.self_attn.o_proj", 1, dh * hd * DH, "draft", "divided"),
+            ("draft mlp (gate_up + down)", "draft.model.layers.0.mlp", 1, 3 * DH * DI, "draft", "divided"),
+            ("draft norms", "draft.model.norm", 4, DH, "draft", "replicated"),
+            ("draft lm_head", "draft.lm_head", 1, DV * DH, "draft", "divided"),
+        ]
+    return rows
+
+
+def shard_weight_bytes(cfg: dict, draft: dict | None = None) -> dict:
+    """Bytes of the weights SGLang holds for a DeepseekV3 target (+ EAGLE-3 drafter), per
+    component of ``shard_components``: ``{component: {"params", "bytes", "format", "tp"}}`` plus
+    ``"total_target"`` / ``"total_draft"`` / ``"total"`` (params, bytes). Quantized (not ignored by
+    the config's ``quantization_config``, and ``linear`` / ``experts``): ``num_bits / 8`` bytes per
+    weight + one bf16 scale per ``group_size`` weights (symmetric: no zero point); else bf16
+    (``bias32`` fp32). The drafter has no quantization config (bf16); its embedding is the
+    target's after load (SGLang EAGLE-3 shares it), so it is not counted."""
+    q = text_config(cfg).get("quantization_config") or cfg.get("quantization_config")
+    w = q["config_groups"]["group_0"]["weights"] if q else None
+    out: dict = {}
+    tot = {"total_target": [0, 0], "total_draft": [0, 0]}
+    for name, module, count, numel, kind, tp in shard_components(cfg, draft):
+        n = count * numel
+        if kind in ("linear", "experts") and q and not ct_ignored(module, q["ignore"]):
+            b = n * w["num_bits"] // 8 + (n // w["group_size"]) * BF16
+            fmt = f"int{w['num_bits']} g{w['group_size']} + bf16 scales"
+        else:
+            b, fmt = n * (FP32 if kind == "bias32" else BF16), "fp32" if kind == "bias32" else "bf16"
+        out[name] = {"params": n, "bytes": b, "format": fmt, "tp": tp}
+        key = "total_draft" if kind == "draft" else "total_target"
+        tot[key][0] += n
+        tot[key][1] += b
+    for k, (n, b) in tot.items():
+        out[k] = {"params": n, "bytes": b}
+    out["total"] = {"params": tot["total_target"][0] + tot["total_draft"][0],
+                    "bytes": tot["total_target"][1] + tot["total_draft"][1]}
+    return out
+
+
+def kv_bytes_per_token(cfg: dict, dtype_bytes: int = BF16) -> int:
+    """KV-cache bytes per token: an MLA target stores the latent ``kv_lora_rank + qk_rope_head_dim``
+    per layer (576 for Kimi-K2.5; every TP rank holds it whole), a Llama drafter ``2 x
+    num_key_value_heads x head_dim`` per layer."""
+    c = text_config(cfg)
+    if c.get("kv_lora_rank"):
+        per_layer = c["kv_lora_rank"] + c["qk_rope_head_dim"]
+    else:
+        per_layer = 2 * c["num_key_value_heads"] * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+    return per_layer * dtype_bytes * c["num_hidden_layers"]
+
+
+def kv_tokens_at(mem_fraction: float, cfg: dict, draft: dict | None = None, gpu_bytes: int = 143771 * 2**20,
+                 context_bytes: int = 2**30) -> int:
+    """KV-cache tokens that fit at ``--mem-fraction-static mem_fraction`` on a GPU of ``gpu_bytes``
+    (default: an H200's 143,771 MiB): SGLang 0.5.16 sizes the pool as the memory free after the
+    weights minus ``(1 - mem_fraction)`` x the memory free before them
+    (``kv_cache_configurator._profile_available_bytes``), here with ``context_bytes`` taken by the
+    CUDA context first. Pool bytes / (target + drafter KV bytes per token); 0 if nothing is left."""
+    free0 = gpu_bytes - context_bytes
+    pool = free0 - shard_weight_bytes(cfg, draft)["total"]["bytes"] - (1 - mem_fraction) * free0
+    per_tok = kv_bytes_per_token(cfg) + (kv_bytes_per_token(draft) if draft else 0)
+    return max(0, int(pool // per_tok))
 
 
 MODELS = {"llama-small": llama_small, "llama-8b": llama_8b, "kimi-small": kimi_small,
-          "kimi-small-mla": kimi_small_mla, "kimi-k25-small": kimi_k25_small}
+          "kimi-small-mla": kimi_small_mla, "kimi-k25-small": kimi_k25_small,
+          "kimi-k25-shard": kimi_k25_shard, "kimi-k25-shard-wrapped": kimi_k25_shard_wrapped}
 
 
 def captured_layers(target: dict, aux_ids) -> list:

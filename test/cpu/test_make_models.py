@@ -2,7 +2,10 @@
 
 Checks the EAGLE-3 pairs the GPU job uses: aux layer ids distinct and < target num_hidden_layers
 (also after SGLang 0.5.16's Llama +1 shift), ``draft_vocab_size`` present, vocab sizes equal,
-``target_hidden_size`` = target hidden, the Llama-3.1-8B shape, and a tokenizer that covers the vocab.
+``target_hidden_size`` = target hidden, the Llama-3.1-8B shape, and a tokenizer that covers the vocab;
+the Kimi-K2.5 TP-8 shard: what is divided by 8 and what is not, the checkpoint's quantization block,
+and the byte count (``shard_weight_bytes``, ``kv_bytes_per_token``) against counts made by hand.
+(``test_shard_quant_config.py``: SGLang's own reading of that block.)
 """
 
 import json
@@ -16,7 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WRITE_MODELS = [sys.executable, "-m", "sglang_verify_graph.dummy_models"]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
-NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-small"]
+NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-small", "kimi-k25-shard",
+         "kimi-k25-shard-wrapped"]
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from sglang_verify_graph import dummy_models as dm  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +140,67 @@ def test_kimi_k25_vision_config_has_every_vt_field_sglang_reads(models_dir):
     cfg = KimiK25Config(**{k: v for k, v in raw.items() if k != "model_type"})
     missing = [a for a in sorted(wanted) if not hasattr(cfg.vision_config, a)]
     assert not missing, f"vision_config lacks {missing}"
+
+
+def test_kimi_k25_shard_divides_what_tp8_divides(models_dir):
+    """One TP-8 rank of Kimi-K2.5 (61 layers, 64 heads, dense 18432, experts 384 x 2048, vocab
+    163840): heads, KV heads, the three intermediate widths and the vocabulary / 8; hidden, the
+    MLA ranks, expert count, top-k and depth whole."""
+    t = _cfg(models_dir, "kimi-k25-shard")
+    assert t["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert (t["num_attention_heads"], t["num_key_value_heads"], t["intermediate_size"],
+            t["moe_intermediate_size"], t["vocab_size"]) == (64 // 8, 64 // 8, 18432 // 8, 2048 // 8, 163840 // 8)
+    assert (t["hidden_size"], t["num_hidden_layers"], t["first_k_dense_replace"], t["q_lora_rank"],
+            t["kv_lora_rank"], t["qk_rope_head_dim"], t["qk_nope_head_dim"], t["v_head_dim"]) == (
+        7168, 61, 1, 1536, 512, 64, 128, 128)
+    assert (t["n_routed_experts"], t["num_experts_per_tok"], t["n_shared_experts"]) == (384, 8, 1)
+    assert t["rope_scaling"]["type"] == "yarn" and t["rope_scaling"]["factor"] == 64.0
+    d = _cfg(models_dir, "kimi-k25-shard-eagle3")
+    assert (d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"], d["intermediate_size"]) == (8, 8, 128, 1536)
+    assert d["vocab_size"] == d["draft_vocab_size"] == 20480 and d["target_hidden_size"] == 7168
+    assert d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]  # SGLang's [2, L // 2, L - 3]
+    w = _cfg(models_dir, "kimi-k25-shard-wrapped")
+    assert w["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert {k: v for k, v in w["text_config"].items() if k != "quantization_config"} == {
+        k: v for k, v in t.items() if k != "quantization_config"}
+
+
+def test_kimi_k25_shard_carries_the_checkpoint_quantization_block(models_dir):
+    """The block's structure as in Kimi-K2.5's config.json; the DeepseekV3 shard drops only the
+    ignore entries for modules it lacks (vision tower, projector)."""
+    q = _cfg(models_dir, "kimi-k25-shard")["quantization_config"]
+    assert set(q) == {"config_groups", "format", "ignore", "kv_cache_scheme", "quant_method", "quantization_status"}
+    assert (q["quant_method"], q["format"], q["quantization_status"]) == ("compressed-tensors", "pack-quantized", "compressed")
+    g = q["config_groups"]["group_0"]
+    assert g["targets"] == ["Linear"] and g["input_activations"] is None and g["output_activations"] is None
+    assert {k: g["weights"][k] for k in ("num_bits", "type", "symmetric", "strategy", "group_size", "dynamic")} == {
+        "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32, "dynamic": False}
+    full = dm.KIMI_K25_QUANTIZATION_CONFIG["ignore"]
+    assert q["ignore"] == [p for p in full if p not in ("re:vision_tower.*", "re:mm_projector.*")]
+    assert len(full) == 6 and "re:.*lm_head.*" in q["ignore"]
+
+
+def test_shard_bytes_against_a_hand_count():
+    """Routed experts by hand: 60 MoE layers x 384 experts x (gate, up, down) x 7168 x 256
+    weights, half a byte each plus one bf16 scale per 32; o_proj: 61 x (8 x 128) x 7168 bf16;
+    the MLA KV cache: (512 + 64) x 2 bytes x 61 layers per token."""
+    t, d = dm.kimi_k25_shard()
+    b = dm.shard_weight_bytes(t, d)
+    n = 60 * 384 * 3 * 7168 * 256
+    assert b["moe routed experts (w13 + w2)"]["params"] == n == 126_835_752_960
+    assert b["moe routed experts (w13 + w2)"]["bytes"] == n // 2 + (n // 32) * 2 == 71_345_111_040
+    assert b["attn o_proj"]["bytes"] == 61 * 1024 * 7168 * 2
+    assert b["lm_head"]["bytes"] == b["embed_tokens"]["bytes"] == 20480 * 7168 * 2
+    assert all(v["format"] == "bf16" for k, v in b.items() if "format" in v and "experts (w13" not in k
+               and "bias" not in k)
+    assert 70 < b["total"]["bytes"] / 2**30 < 73  # about 72 GiB
+    assert b["total"]["bytes"] == b["total_target"]["bytes"] + b["total_draft"]["bytes"]
+    assert dm.kv_bytes_per_token(t) == 576 * 2 * 61 == 70272
+    assert dm.kv_bytes_per_token(d) == 2 * 8 * 128 * 2
+    # a full-width (TP-1) model would not fit: the same count is 8x on the divided parts
+    full = dm.shard_weight_bytes(dict(dm.KIMI_K25_TEXT, quantization_config=t["quantization_config"]))
+    assert full["moe routed experts (w13 + w2)"]["bytes"] == 8 * b["moe routed experts (w13 + w2)"]["bytes"]
+    assert full["attn fused_qkv_a_proj_with_mqa"]["bytes"] == b["attn fused_qkv_a_proj_with_mqa"]["bytes"]
+    # what fits next to the weights on one H200: the e2e tier's 0.7 and the sweep's 0.85
+    assert dm.kv_tokens_at(0.7, t, d) > 8 * 4096 and dm.kv_tokens_at(0.85, t, d) > 32 * (16384 + 128)
+    assert dm.kv_tokens_at(0.5, t, d) == 0  # 0.5 of an H200 does not hold the weights
