@@ -31,12 +31,15 @@ default ``llama-small``), ``E2E_LOG_DIR`` (server logs + e2e_results.json, defau
 ``E2E_DRAFT_BACKEND`` (``--speculative-draft-attention-backend``, unset by default; the Llama-style draft
 on flashmla needs ``triton``), ``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
 ``E2E_STEPS`` (``--speculative-num-steps``, default 2), ``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the reference
-servers' top-2 logprob gap (min of the two) is below it).
+servers' top-2 logprob gap (min of the two) is below it), ``E2E_SERVER_ARGS`` (more server flags for all three servers, after the
+tier's own: the last value of a flag wins, e.g. ``--moe-runner-backend triton --mem-fraction-static 0.7``), ``E2E_VOCAB``
+(prompt token ids are drawn below it, default 32000; a target with a smaller vocabulary needs it, e.g. 20480 for kimi-k25-shard).
 """
 
 import json
 import os
 import random
+import shlex
 import socket
 import subprocess
 import sys
@@ -52,7 +55,8 @@ PARITY_TOKENS = int(os.environ.get("E2E_PARITY_TOKENS", "128"))
 PARITY_LOGPROBS = os.environ.get("E2E_PARITY_LOGPROBS", "1") == "1"
 TIE_TOL = float(os.environ.get("E2E_PARITY_TIE_TOL", "0"))
 MODEL = os.environ.get("E2E_MODEL", "llama-small")
-VOCAB = 32000
+VOCAB = int(os.environ.get("E2E_VOCAB", "32000"))
+SERVER_ARGS = shlex.split(os.environ.get("E2E_SERVER_ARGS", ""))
 PLUGIN_ENV = "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"
 RESULTS = {}
 
@@ -145,7 +149,7 @@ class Server:
         from server_utils import shared_gpu_args
 
         self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, *COMMON, *extra,
-                    "--host", "127.0.0.1", "--port", str(self.port), *shared_gpu_args()]
+                    *SERVER_ARGS, "--host", "127.0.0.1", "--port", str(self.port), *shared_gpu_args()]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop(PLUGIN_ENV, None)  # only the CLI flag enables the plugin here
         t0 = time.time()
