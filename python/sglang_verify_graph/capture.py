@@ -16,7 +16,13 @@ from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.backends import NATIVE_BACKEND_CLASSES
 from sglang_verify_graph.chain_backend import ChainDraftExtendTritonBackend, ChainVerifyTritonBackend
 from sglang_verify_graph.config import VerifyGraphConfig, build_config
-from sglang_verify_graph.counters import VerifyCounters, eager_cliff_warning, get_counters, install_counters
+from sglang_verify_graph.counters import (
+    VerifyCounters,
+    eager_cliff_warning,
+    get_counters,
+    install_counters,
+    note_draft_extend_attention,
+)
 from sglang_verify_graph.errors import VerifyGraphConfigError
 from sglang_verify_graph.runner import VerifyCudaGraphRunner
 from sglang_verify_graph.selftest import NO_DRAFT_EXTEND_PROBE, DraftExtendSelfTest
@@ -65,9 +71,7 @@ def draft_extend_backend_for(draft_runner, backend):
     for name in ("prefill_attention_backend_str", "decode_attention_backend_str"):  # 0.5.23 stamps
         if hasattr(backend, name):
             setattr(ours, name, getattr(backend, name))
-    counters = get_counters()
-    if counters is not None:
-        counters.draft_extend_attention = f"chain split-KV ({'MLA' if ours.use_mla else 'MHA'})"
+    note_draft_extend_attention(f"chain split-KV ({'MLA' if ours.use_mla else 'MHA'})")
     return ours
 
 

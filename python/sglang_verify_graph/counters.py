@@ -134,6 +134,7 @@ class VerifyCounters:
 
 
 _COUNTERS: Optional[VerifyCounters] = None
+_DRAFT_EXTEND_ATTENTION = ""
 
 
 def get_counters() -> Optional[VerifyCounters]:
@@ -142,9 +143,21 @@ def get_counters() -> Optional[VerifyCounters]:
 
 
 def install_counters(counters: VerifyCounters) -> VerifyCounters:
+    """Make ``counters`` this process's; they carry the draft-extend attention noted before
+    (SGLang builds the draft's backends before the target's graphs are captured)."""
     global _COUNTERS
+    counters.draft_extend_attention = counters.draft_extend_attention or _DRAFT_EXTEND_ATTENTION
     _COUNTERS = counters
     return counters
+
+
+def note_draft_extend_attention(description: str) -> None:
+    """Record that the draft's DRAFT_EXTEND_V2 runs the chain kernel (``description``, e.g.
+    ``"chain split-KV (MHA)"``), in the current counters and in any installed later."""
+    global _DRAFT_EXTEND_ATTENTION
+    _DRAFT_EXTEND_ATTENTION = description
+    if _COUNTERS is not None:
+        _COUNTERS.draft_extend_attention = description
 
 
 def eager_cliff_warning(max_running_requests, capture_bs) -> "str | None":

@@ -113,7 +113,8 @@ def built(monkeypatch):
             made.append((runner, cfg))
 
     monkeypatch.setattr(capture, "ChainDraftExtendTritonBackend", Ours)
-    monkeypatch.setattr(C, "_COUNTERS", C.VerifyCounters())
+    monkeypatch.setattr(C, "_COUNTERS", None)
+    monkeypatch.setattr(C, "_DRAFT_EXTEND_ATTENTION", "")
     return made, Ours
 
 
@@ -131,18 +132,23 @@ def test_draft_gets_the_chain_backend_with_the_flag_on(monkeypatch, built):
     got = capture.draft_extend_backend_for(runner, _upstream_triton())
     assert isinstance(got, ours) and made == [(runner, CFG)]
     assert got.prefill_attention_backend_str == "triton"  # 0.5.23's stamps carried over
+    # SGLang builds the draft's backends before it captures the target's graphs (and installs
+    # the counters): the counters installed after still report the draft-extend attention
+    assert C.get_counters() is None
+    C.install_counters(C.VerifyCounters())
     assert C.get_counters().snapshot()["draft_extend"]["attention"] == "chain split-KV (MHA)"
 
 
 @pytest.mark.parametrize("case", ["flag-off", "upstream-chosen", "not-exactly-triton"])
 def test_draft_keeps_its_backend_otherwise(monkeypatch, built, case):
     made, _ = built
+    C.install_counters(C.VerifyCounters())
     cfg = {"flag-off": None, "upstream-chosen": CFG.__class__(**{**CFG.__dict__,
            "draft_extend_attention": "upstream"})}.get(case, CFG)
     monkeypatch.setattr(capture, "config_for", lambda mr: cfg)
     backend = _upstream_triton() if case != "not-exactly-triton" else SimpleNamespace()
     assert capture.draft_extend_backend_for(object(), backend) is backend
-    assert made == []
+    assert made == [] and "draft_extend" not in C.get_counters().snapshot()
 
 
 def test_factory_hook_hands_the_draft_runner_over(monkeypatch):
