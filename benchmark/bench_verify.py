@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
 """Per-step GPU time of the EAGLE-3 (topk 1) target verify: ours vs upstream vs plain decode.
 
-    python3 benchmark/bench_verify.py [--model llama-8b|llama-small|kimi-small|kimi-small-mla]
+    python3 benchmark/bench_verify.py [--model llama-8b|llama-small|kimi-small|kimi-small-mla|kimi-k25-shard|...]
         [--contexts 1024,8192] [--batch-sizes 1,8] [--new-tokens 64] [--steps 2 | --steps 1,2,3,5]
         [--modes ours,upstream,plain] [--out results.json] [--quick]
+        [--moe-runner-backend triton] [--cuda-graph-bs 1,8,32] [--engine-extra JSON] [--require-replays]
+
+Kimi-K2.5 TP-8 shard (``kimi-k25-shard``: 61 layers, INT4 routed experts, 72 GiB with the drafter),
+the full per-phase sweep: ``--model kimi-k25-shard --steps 2,3 --contexts 1024,4096,16384
+--batch-sizes 1,4,8,16,32 --prefix-cache --mem 0.85 --moe-runner-backend triton --cuda-graph-bs
+1,4,8,16,32`` (``--moe-runner-backend`` omitted: SGLang's default, Marlin WNA16, whose JIT build
+takes minutes on a cold cache). ``kimi-k25-shard-wrapped`` (KimiK25ForConditionalGeneration) runs
+with ``enable_multimodal=False``: the text model alone, as for any ``text_config`` wrapper.
 
 Modes, each in its own subprocess with a fresh ``sglang.Engine`` (so GPU memory is freed between):
   plain     no speculation (target DECODE graph);
@@ -34,7 +42,8 @@ Results are keyed by runner class, worker (target/draft), forward mode and raw/p
 and fetched per phase through ``Engine.get_server_info()`` (the scheduler's internal state).
 Per (context, bs) phase: prompts of ``context`` random token ids, warm-up, then ``--new-tokens``
 greedy tokens with ``ignore_eos``. Reported, in ms: median GPU time per graph replay of target
-decode, target verify, draft decode, draft extend; host time per replay; and e2e ms per step
+decode, target verify, draft decode (all ``--steps`` draft steps of one cycle: one replay), draft
+extend, and their sum per cycle (draft + verify + draft-extend); host time per replay; and e2e ms per step
 = (wall of N tokens - wall of 1 token) / steps (steps = max spec_verify_ct, or N-1 for plain).
 With dummy random weights no draft token is accepted (accept length 1.0): this measures the cost
 of a speculation cycle, not a speed-up. Prints one table and writes ``--out`` (JSON).
@@ -107,17 +116,31 @@ def _prompt(rng, ctx: int, vocab: int) -> list:
     return [rng.randrange(10, vocab - 1) for _ in range(ctx)]
 
 
+def target_config(a) -> dict:
+    """The target's ``config.json``; a multimodal wrapper's text fields come from ``text_config``
+    (with ``"wrapper": True``)."""
+    with open(os.path.join(model_paths(a)[0], "config.json")) as f:
+        cfg = json.load(f)
+    return dict(cfg["text_config"], wrapper=True) if "text_config" in cfg else cfg
+
+
 def engine_kwargs(a, mode: str) -> dict:
     target, draft = model_paths(a)
-    with open(os.path.join(target, "config.json")) as f:
-        max_pos = json.load(f)["max_position_embeddings"]
+    cfg = target_config(a)
+    max_pos = cfg["max_position_embeddings"]
     need = max(a.contexts) + a.new_tokens + a.warmup_tokens + 2 * (a.steps + 1) + 64
+    capture = dict(cuda_graph_bs_decode=a.cuda_graph_bs) if a.cuda_graph_bs else {}
     kw = dict(model_path=target, load_format="dummy", attention_backend=a.attention_backend,
-              sampling_backend="pytorch", mem_fraction_static=a.mem, cuda_graph_max_bs_decode=max(8, max(a.batch_sizes)),
-              cuda_graph_backend_prefill="disabled", disable_radix_cache=not a.prefix_cache,
+              sampling_backend="pytorch", mem_fraction_static=a.mem,
+              cuda_graph_max_bs_decode=max(a.cuda_graph_bs) if a.cuda_graph_bs else max(8, max(a.batch_sizes)),
+              **capture, cuda_graph_backend_prefill="disabled", disable_radix_cache=not a.prefix_cache,
               skip_tokenizer_init=True,
               grammar_backend="none", log_level=a.log_level, random_seed=0,
               context_length=min(max_pos, -(-need // 256) * 256))
+    if cfg.get("wrapper"):  # e.g. KimiK25ForConditionalGeneration: the text model alone (no HF processor)
+        kw["enable_multimodal"] = False
+    if a.moe_runner_backend:
+        kw["moe_runner_backend"] = a.moe_runner_backend
     if mode != "plain":
         kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_eagle_topk=1,
                   speculative_num_steps=a.steps, speculative_num_draft_tokens=a.steps + 1)
@@ -151,8 +174,7 @@ def run_child(a, res: dict) -> None:
     res.update(mode=a.child, engine_kwargs=kw, startup_s=round(time.perf_counter() - t0, 1), phases=[])
     print(f"BENCH startup {res['startup_s']}s", flush=True)
     res["plugin_before"] = _state(eng)["plugin"]
-    with open(os.path.join(model_paths(a)[0], "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
+    vocab = target_config(a)["vocab_size"]
     sp = lambda n: {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}  # noqa: E731
     try:
         for ctx in ([] if a.capture_only else a.contexts):  # capture only: start, record, stop
@@ -266,6 +288,8 @@ def _rows_for_steps(a, modes: dict, k: int, div) -> list:
             r["decode_ms"], r["decode_drift"] = baseline.combine(d1, d2)
             for m in ("upstream", "ours"):
                 r[f"{m}_verify_ms"] = g(m, ctx, bs, "target_verify")
+                r[f"{m}_draft_ms"] = g(m, ctx, bs, "draft_decode")
+                r[f"{m}_draft_extend_ms"] = g(m, ctx, bs, "draft_extend")
                 parts = [g(m, ctx, bs, x) for x in ("draft_decode", "target_verify", "draft_extend")]
                 r[f"{m}_cycle_ms"] = round(sum(parts), 4) if all(p is not None for p in parts) else None
                 r[f"{m}_verify_per_decode"] = div(r[f"{m}_verify_ms"], r["decode_ms"])
@@ -289,7 +313,9 @@ def _rows_for_steps(a, modes: dict, k: int, div) -> list:
 
 def format_table(rows, meta) -> str:
     cols = [("num_steps", "steps"), ("context", "ctx"), ("bs", "bs"), ("decode_ms", "decode"), ("upstream_verify_ms", "up_verify"),
-            ("ours_verify_ms", "our_verify"), ("upstream_verify_per_decode", "up_v/dec"),
+            ("ours_verify_ms", "our_verify"), ("upstream_draft_ms", "up_draft"), ("ours_draft_ms", "our_draft"),
+            ("upstream_draft_extend_ms", "up_dext"), ("ours_draft_extend_ms", "our_dext"),
+            ("upstream_verify_per_decode", "up_v/dec"),
             ("ours_verify_per_decode", "our_v/dec"), ("ours_per_upstream_verify", "our/up"),
             ("upstream_cycle_ms", "up_cycle"), ("ours_cycle_ms", "our_cycle"), ("upstream_cycle_per_decode", "up_c/dec"),
             ("ours_cycle_per_decode", "our_c/dec"), ("plain_e2e_ms_per_step", "e2e_plain"),
@@ -297,7 +323,8 @@ def format_table(rows, meta) -> str:
     if any(r.get("ours_profile_e2e_ms_per_step") is not None for r in rows):
         cols += [("ours_profile_e2e_ms_per_step", "e2e_prof"), ("profile_overhead_pct", "prof_ovh%")]
     fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
-    lines = [f"RESULT model={meta['model']}  GPU ms per graph replay (median); cycle = draft + verify + draft-extend; "
+    lines = [f"RESULT model={meta['model']}  GPU ms per graph replay (median); draft = the cycle's draft steps, "
+             f"dext = draft extend; cycle = draft + verify + draft-extend; "
              f"e2e = wall ms per decode step",
              "RESULT " + " ".join(f"{h:>10}" for _, h in cols)]
     lines += ["RESULT " + " ".join(f"{fmt(r[k]):>10}" for k, _ in cols) for r in rows]
@@ -327,6 +354,28 @@ def _mode_status(res) -> str:
         if "VerifyCudaGraphRunner" not in seen:
             s += f"  WARNING: verify replays came from {sorted(seen) or 'nothing'}, not VerifyCudaGraphRunner"
     return s
+
+
+def replay_failures(modes: dict) -> list:
+    """For ``--require-replays``: why an ``ours`` engine did not serve every verify step from our
+    graph (counters after the last phase: replays == verify_steps > 0, no fallback; every timed
+    verify replay from VerifyCudaGraphRunner); ``[]`` when each did."""
+    out = []
+    for key, res in modes.items():
+        if res.get("mode") not in ("ours", "ours_profile"):
+            continue
+        p = res.get("plugin_after") or {}
+        if not res.get("ok") or not p:
+            out.append(f"{key}: no counters ({res.get('error', 'not ok')})")
+            continue
+        if not (p.get("replays") == p.get("verify_steps") and (p.get("verify_steps") or 0) > 0
+                and p.get("fallback_total") == 0):
+            out.append(f"{key}: replays={p.get('replays')} verify_steps={p.get('verify_steps')} "
+                       f"fallbacks={p.get('fallback_total')} {p.get('fallbacks')}")
+        seen = {c for ph in res.get("phases", []) for c in (ph["roles"].get("target_verify") or {}).get("classes", [])}
+        if seen != {"VerifyCudaGraphRunner"}:
+            out.append(f"{key}: timed verify replays came from {sorted(seen) or 'nothing'}")
+    return out
 
 
 def run_logged(cmd: list, log: str, timeout: float, child: dict):
@@ -420,7 +469,13 @@ def run_parent(a) -> int:
         meta["mode_status"][key] = _mode_status(res) + f" ({time.time() - t0:.0f}s)"
         print(f"BENCH mode {key}: {meta['mode_status'][key]}", flush=True)
         finish(0, show=False)  # partial results on disk after every mode
-    return finish(0 if all(m.get("ok") for m in modes.values()) else 1)
+    bad = replay_failures(modes) if a.require_replays else []
+    for b in bad:
+        meta["mode_status"].setdefault("require_replays", "FAILED")
+        print(f"BENCH require-replays FAILED: {b}", flush=True)
+    if a.require_replays and not bad:
+        print("BENCH require-replays ok: every ours engine replayed every verify step, no fallback", flush=True)
+    return finish(0 if all(m.get("ok") for m in modes.values()) and not bad else 1)
 
 
 def profile_lines(log_path: str) -> list:
@@ -447,7 +502,8 @@ def profile_lines(log_path: str) -> list:
 def parse_args(argv=None):
     ints = lambda s: [int(x) for x in str(s).split(",") if x]  # noqa: E731
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="llama-8b", choices=["llama-8b", "llama-small", "kimi-small", "kimi-small-mla"])
+    ap.add_argument("--model", default="llama-8b", choices=["llama-8b", "llama-small", "kimi-small", "kimi-small-mla",
+                                                            "kimi-k25-shard", "kimi-k25-shard-wrapped"])
     ap.add_argument("--models-dir", default=os.environ.get("MODELS_DIR", "/tmp/models"),
                     help="folder of python -m sglang_verify_graph.dummy_models output (made if missing)")
     ap.add_argument("--contexts", type=ints, default=[1024, 8192], help="prompt lengths in tokens, comma list")
@@ -473,7 +529,16 @@ def parse_args(argv=None):
                     help="start a second plain engine last (plain_end): decode = the lower median per point, "
                          "points whose two medians differ by > 5%% listed (benchmark/baseline.py)")
     ap.add_argument("--log-level", default="info")
-    ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs")
+    ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs (applied last)")
+    ap.add_argument("--moe-runner-backend", default=None,
+                    help="--moe-runner-backend of every engine (e.g. triton: CompressedTensorsWNA16TritonMoE on the "
+                         "INT4 shard); unset: SGLang's default (auto; Marlin WNA16 there)")
+    ap.add_argument("--cuda-graph-bs", type=ints, default=None,
+                    help="decode CUDA-graph batch sizes to capture (cuda_graph_bs_decode, comma list; its max is "
+                         "the max bs); unset: every default bucket up to max(8, max batch size)")
+    ap.add_argument("--require-replays", action="store_true",
+                    help="exit 1 unless every ours engine served every verify step from VerifyCudaGraphRunner "
+                         "(replays == verify_steps > 0, no fallback)")
     ap.add_argument("--mode-timeout", type=float, default=300, help="seconds per mode subprocess")
     ap.add_argument("--out", default="results.json")
     ap.add_argument("--log-dir", default=None, help="child logs + JSON (default: <out dir>/bench_logs)")
@@ -492,6 +557,11 @@ def parse_args(argv=None):
     if a.plain_twice and a.capture_only:
         ap.error("--plain-twice times the decode baseline; --capture-only runs no decode: drop one")
     a.contexts, a.batch_sizes = sorted(a.contexts), sorted(a.batch_sizes)
+    if a.cuda_graph_bs:
+        a.cuda_graph_bs = sorted(set(a.cuda_graph_bs))
+        if max(a.batch_sizes) > max(a.cuda_graph_bs):
+            ap.error(f"--cuda-graph-bs {a.cuda_graph_bs} has no bucket for bs {max(a.batch_sizes)}: "
+                     "the verify step would run eager")
     if not a.steps or min(a.steps) < 1:
         ap.error("--steps needs integers >= 1")
     a.steps_list = list(dict.fromkeys(a.steps))  # the sweep (order kept, duplicates dropped)
@@ -502,6 +572,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.dry_run:
+        if not a.child:  # the engines run_parent would start, in order
+            runs = [mode_key(a, m, k) for k in a.steps_list for m in a.modes if m != "plain" or k == a.steps_list[0]]
+            print("BENCH plan: " + ", ".join(runs + (["plain_end"] if a.plain_twice else [])), flush=True)
         for m in ([a.child] if a.child else a.modes):
             print(f"DRYRUN {m}: " + json.dumps(engine_kwargs(a, m)))
         if a.plain_twice and not a.child:

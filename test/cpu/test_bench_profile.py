@@ -1,9 +1,12 @@
 """CPU tier: benchmark/bench_verify.py's profile mode bookkeeping: the overhead column
 (``ours_profile`` decode time of the same generation over ``ours``'s) and the phase-sum check
-parsed from the profiler's log lines (cycle_mean_ms over the device span per cycle)."""
+parsed from the profiler's log lines (cycle_mean_ms over the device span per cycle); the engine
+arguments and per-phase rows of a Kimi-K2.5 shard run, and ``--require-replays``."""
 
 import os
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
@@ -101,3 +104,56 @@ def test_prefix_cache_turns_the_radix_cache_on(tmp_path):
     off = bv.parse_args(["--models-dir", str(tmp_path), "--model", "llama-small"])
     assert bv.engine_kwargs(on, "ours")["disable_radix_cache"] is False
     assert bv.engine_kwargs(off, "plain")["disable_radix_cache"] is True
+
+
+def test_shard_engine_kwargs(tmp_path):
+    """``kimi-k25-shard``: ``--moe-runner-backend`` reaches every engine, ``--cuda-graph-bs``
+    captures exactly the listed decode buckets (its max is the max bs), the context length
+    comes from the target's config; the KimiK25 wrapper's fields from its ``text_config``, with
+    ``enable_multimodal=False``; a batch size above the largest bucket is refused."""
+    argv = ["--models-dir", str(tmp_path), "--model", "kimi-k25-shard", "--steps", "2,3", "--contexts",
+            "1024,16384", "--batch-sizes", "1,32", "--moe-runner-backend", "triton", "--cuda-graph-bs", "32,1,8"]
+    a = bv.parse_args(argv)
+    plain, ours = bv.engine_kwargs(a, "plain"), bv.engine_kwargs(a, "ours")
+    for kw in (plain, ours):
+        assert kw["moe_runner_backend"] == "triton"
+        assert kw["cuda_graph_bs_decode"] == [1, 8, 32] and kw["cuda_graph_max_bs_decode"] == 32
+        assert kw["context_length"] == 16384 + 256 and "enable_multimodal" not in kw
+    assert ours["speculative_num_steps"] == 3 and "speculative_algorithm" not in plain
+    w = bv.parse_args(["--models-dir", str(tmp_path), "--model", "kimi-k25-shard-wrapped", "--batch-sizes", "1,8"])
+    kw = bv.engine_kwargs(w, "ours")
+    assert kw["enable_multimodal"] is False and "moe_runner_backend" not in kw  # SGLang's default (Marlin)
+    assert kw["cuda_graph_max_bs_decode"] == 8 and "cuda_graph_bs_decode" not in kw
+    assert bv.target_config(w)["vocab_size"] == 20480
+    with pytest.raises(SystemExit):
+        bv.parse_args(argv[:-1] + ["1,8"])
+
+
+def test_rows_carry_each_phase_and_the_cycle():
+    """Per (steps, ctx, bs) row: draft, verify, draft-extend GPU ms per replay for upstream and
+    ours, their sum as the cycle, and the table lists them."""
+    a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1", "--steps", "3"])
+    roles = lambda d, v, x: {"draft_decode": {"gpu_ms": d}, "target_verify": {"gpu_ms": v},  # noqa: E731
+                             "draft_extend": {"gpu_ms": x}}
+    modes = {"plain": {"phases": [{"context": 1024, "bs": 1, "e2e_ms_per_step": 9.0,
+                                   "roles": {"target_decode": {"gpu_ms": 10.0}}}]},
+             "ours": {"phases": [{"context": 1024, "bs": 1, "e2e_ms_per_step": 20.0, "roles": roles(1.5, 11.0, 2.0)}]},
+             "upstream": {"phases": [{"context": 1024, "bs": 1, "e2e_ms_per_step": 30.0, "roles": roles(1.5, 20.0, 2.5)}]}}
+    (r,) = bv.build_rows(a, modes)
+    assert (r["ours_draft_ms"], r["ours_verify_ms"], r["ours_draft_extend_ms"], r["ours_cycle_ms"]) == (1.5, 11.0, 2.0, 14.5)
+    assert (r["upstream_draft_extend_ms"], r["upstream_cycle_ms"], r["ours_per_upstream_cycle"]) == (2.5, 24.0, 0.604)
+    meta = {"model": "kimi-k25-shard", "mode_status": {}, "hardware": "h", "versions": {}, "flags": "", "command": "c"}
+    table = bv.format_table([r], meta)
+    head = next(ln for ln in table.splitlines() if "our_verify" in ln).split()
+    assert {"up_draft", "our_draft", "up_dext", "our_dext", "up_cycle", "our_cycle"} <= set(head)
+
+
+def test_require_replays_names_each_engine_that_fell_short():
+    ok = {"mode": "ours", "ok": True, "plugin_after": {"replays": 9, "verify_steps": 9, "fallback_total": 0},
+          "phases": [{"roles": {"target_verify": {"classes": ["VerifyCudaGraphRunner"]}}}]}
+    assert bv.replay_failures({"ours": ok, "plain": {"mode": "plain", "ok": True}}) == []
+    short = dict(ok, plugin_after={"replays": 8, "verify_steps": 9, "fallback_total": 1, "fallbacks": {"bs": 1}})
+    eager = dict(ok, phases=[{"roles": {"target_verify": {"classes": ["CudaGraphRunner"]}}}])
+    out = bv.replay_failures({"ours@3": short, "ours@2": eager, "ours": {"mode": "ours", "ok": False, "error": "OOM"}})
+    assert len(out) == 3 and out[0].startswith("ours@3: replays=8 verify_steps=9 fallbacks=1")
+    assert "CudaGraphRunner" in out[1] and "OOM" in out[2]
