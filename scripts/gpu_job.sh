@@ -13,7 +13,10 @@
 # limit; budget TOTAL_S - RESERVE_S; PARALLEL=1; the sanitizer verdict; the summary lines and the
 # result files in $OUT: see its docstring). Last, this script packs the kernel caches and logs.
 # Setup takes 5-15 s with a warm kernel cache (a cold one adds ~60 s to the first SGLang start);
-# packing 15-30 s.
+# packing 15-30 s. A plan with stage shard_jit (suites shard_triton, shard) starts the background
+# build of the Marlin MoE JIT modules right after the environment setup (test/run_suite.py
+# --jit-build start, in its own session: it outlives this job on a warm machine; markers in
+# $BASE/jitbuild, the modules in $TVM_FFI_CACHE_DIR), before the plugin install and the models.
 # Env (all optional):
 #   SUITE        suite or stage names (default "kernel selftest e2e", ~8 min: the default budget may
 #                skip the last stage on a cold cache); "all" = every suite but capture (~80 min: raise
@@ -24,13 +27,17 @@
 #                table of `python3 test/run_suite.py --list`); PARALLEL, PARALLEL_TMO, SHARED_GPU_TOKENS
 #   BENCH_ARGS   bench_verify.py args (default --quick; "" for its full default), KBENCH_ARGS,
 #                CAPTURE_ARGS; E2E_MODEL, E2E_STEPS, E2E_ARGS, GPU_ARGS, PROFILE_MODEL, ... reach the tests
-#   BUNDLE       bundle folder (default ./.device-bundle); JITCACHE_MAX_MB (default 7)
+#   BUNDLE       bundle folder (default ./.device-bundle); JITCACHE_MAX_MB (default 7);
+#                $BUNDLE/marlin_jit.tar.xz (a previous job's marlin_jit.tar.xz) is restored too
 #   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
 #                collect tests (pytest --collect-only) and print what the benchmarks would run (--dry-run)
 # Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs; logs/e2e/<stage>/ holds each stage's
 # server logs and results), bench_results.json, capture_results.json, kernel_results.json,
 # e2e_results.json (stage e2e), stage_results.tar.gz (every stage's *_results.json), jitcache.tar.xz
-# (copy into .device-bundle/ for next time).
+# (copy into .device-bundle/ for next time; build intermediates left out; past JITCACHE_MAX_MB
+# without Triton's IR text), marlin_jit.tar.xz (the Marlin MoE JIT .so files, kept out of
+# jitcache.tar.xz when they get their own file: ~2.9 MiB as xz for sm_90a; the summary gives its
+# size against the room the 64 MiB carry limit leaves beside tree and bundle).
 # Exit status: the runner's (0 only when every stage ran and passed), 2 for a bad suite name or setting.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd); cd "$ROOT"
@@ -67,6 +74,9 @@ CACHES="jitcache tritoncache inductorcache fiws torchext nvcache"
 if [ -f "$BUNDLE/jitcache.tar.xz" ] && [ ! -d "$BASE/jitcache" ]; then
   tar -xJf "$BUNDLE/jitcache.tar.xz" -C "$BASE" && say "restored kernel caches from $BUNDLE/jitcache.tar.xz"
 fi
+if [ -f "$BUNDLE/marlin_jit.tar.xz" ]; then
+  tar -xJf "$BUNDLE/marlin_jit.tar.xz" -C "$BASE" --skip-old-files && say "restored the Marlin JIT modules from $BUNDLE/marlin_jit.tar.xz"
+fi
 export PATH="$(dirname "$(command -v python3)")${PATH:+:$PATH}"   # the venv's ninja (tvm-ffi JIT)
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 if ! command -v sglang >/dev/null; then  # console script for sglang.test's popen_launch_server (`sglang serve`)
@@ -76,6 +86,13 @@ if ! command -v sglang >/dev/null; then  # console script for sglang.test's pope
 fi
 command -v nvcc >/dev/null && export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 export MODELS_DIR=$MODELS E2E_MODELS_DIR=$MODELS VERIFY_GRAPH_MODELS=$MODELS E2E_LOG_DIR=$LOGS/e2e
+export JIT_BUILD_DIR=${JIT_BUILD_DIR:-$BASE/jitbuild}
+# the Marlin MoE JIT build as early as possible (minutes of nvcc; the stage shard_jit finds it running)
+if python3 test/run_suite.py --check $SUITE 2>/dev/null | grep -qw shard_jit; then
+  python3 test/run_suite.py --jit-build start "$JIT_BUILD_DIR" $([ "$DRY" = 1 ] && echo --dry-run) \
+    > "$LOGS/jit_start.txt" 2>&1
+  say "jit at $(el)s: $(grep '^JIT ' "$LOGS/jit_start.txt" | cut -c1-160 | tr '\n' ' ')"
+fi
 
 # ---------------------------------------------------------------- install the plugin (entry point)
 plugin_ok() {
@@ -123,14 +140,33 @@ RC=$?
 # ---------------------------------------------------------------- pack (caches for the next call, logs)
 PRESENT=$(cd "$BASE" && for c in $CACHES; do [ -d "$c" ] && echo "$c"; done)
 (cd "$BASE" && du -sh $PRESENT 2>/dev/null | tr '\n' ' ') > "$LOGS/cache_sizes.txt"
+MIB() { echo $(( $(stat -c %s "$1") / 1048576 )); }
+# the Marlin MoE JIT modules (test/run_suite.py JIT_MODULES): .so files only, in marlin_jit.tar.xz
+MARLIN_SO=$(cd "$BASE" && ls -d jitcache/sgl_kernel_jit_moe_wna16_marlin*/*.so jitcache/sgl_kernel_jit_gptq_marlin_repack*/*.so 2>/dev/null)
+MARLIN_OUT=""
+if [ -n "$MARLIN_SO" ] && [ "$(ls "$OUT" | wc -l)" -lt 5 ]; then  # + jitcache, marlin_jit, summary.txt, logs.tar.gz <= 8
+  MARLIN_OUT=1
+fi
 if [ -n "$PRESENT" ]; then
-  XZ_OPT="-T0 -6" tar -cJf "$OUT/jitcache.tar.xz" -C "$BASE" $PRESENT 2>/dev/null
-  MB=$(( $(stat -c %s "$OUT/jitcache.tar.xz") / 1048576 ))
-  if [ "$MB" -ge "${JITCACHE_MAX_MB:-7}" ]; then  # keep it carriable: drop Triton IR text, keep cubins + metadata
-    XZ_OPT="-T0 -6" tar -cJf "$OUT/jitcache.tar.xz" -C "$BASE" --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.llir' \
-      --exclude='*.ptx' --exclude='*.source' --exclude='*.amdgcn' $PRESENT 2>/dev/null
+  INTER="--exclude=*.o --exclude=build.ninja --exclude=.ninja_deps --exclude=.ninja_log"  # JIT build intermediates
+  IR="--exclude=*.ttir --exclude=*.ttgir --exclude=*.llir --exclude=*.ptx --exclude=*.source --exclude=*.amdgcn"
+  MARLIN_X=""
+  [ -n "$MARLIN_OUT" ] && MARLIN_X="--exclude=sgl_kernel_jit_moe_wna16_marlin* --exclude=sgl_kernel_jit_gptq_marlin_repack*"
+  XZ_OPT="-T0 -6" tar -cJf "$OUT/jitcache.tar.xz" -C "$BASE" $INTER $MARLIN_X $PRESENT 2>/dev/null
+  if [ "$(MIB "$OUT/jitcache.tar.xz")" -ge "${JITCACHE_MAX_MB:-7}" ]; then  # keep it carriable: drop Triton IR text, keep cubins + metadata
+    XZ_OPT="-T0 -6" tar -cJf "$OUT/jitcache.tar.xz" -C "$BASE" $INTER $MARLIN_X $IR $PRESENT 2>/dev/null
   fi
-  say "jitcache.tar.xz $(( $(stat -c %s "$OUT/jitcache.tar.xz") / 1048576 )) MiB from: $(cat "$LOGS/cache_sizes.txt")"
+  say "jitcache.tar.xz $(MIB "$OUT/jitcache.tar.xz") MiB from: $(cat "$LOGS/cache_sizes.txt")"
+fi
+if [ -n "$MARLIN_SO" ]; then  # to carry in $BUNDLE where it fits: the next job skips minutes of nvcc
+  (cd "$BASE" && du -b $MARLIN_SO | awk '{printf "%s %.1f MiB; ", $2, $1 / 1048576}') > "$LOGS/marlin_jit_sizes.txt"
+  ROOM=$(( 64 - $(du -sb --exclude=.git --exclude=__pycache__ --exclude="*.egg-info" "$ROOT" | cut -f1) / 1048576 ))
+  if [ -n "$MARLIN_OUT" ]; then
+    XZ_OPT="-T0 -6" tar -cJf "$OUT/marlin_jit.tar.xz" -C "$BASE" $MARLIN_SO
+    say "marlin_jit.tar.xz $(MIB "$OUT/marlin_jit.tar.xz") MiB (.so: $(cat "$LOGS/marlin_jit_sizes.txt")); the 64 MiB carry limit leaves ~$ROOM MiB beside this tree and bundle for jitcache.tar.xz + marlin_jit.tar.xz"
+  else
+    say "Marlin JIT .so: $(cat "$LOGS/marlin_jit_sizes.txt") kept in jitcache.tar.xz (no free file slot in \$OUT); carry room ~$ROOM MiB"
+  fi
 fi
 say "== total $(el)s; exit $RC"
 cp "$SUMMARY" "$OUT/summary.txt"

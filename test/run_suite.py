@@ -9,7 +9,8 @@
 models) and then runs ``python3 test/run_suite.py $SUITE``; it packs the logs and caches after.
 
 A NAME is a suite of ``SUITES`` (``demo``, ``kernel``, ``selftest``, ``e2e``, ``mla``, ``reliability``,
-``profile``, ``bench``, ``kbench``, ``capture``, ``all``), one stage of a suite (e.g. ``nan``,
+``profile``, ``bench``, ``kbench``, ``capture``, ``shard``, ``shard_triton``, ``shard_marlin``,
+``shard_wrapped``, ``shard_bench``, ``shard_bench_lean``, ``all``), one stage of a suite (e.g. ``nan``,
 ``sanitizer``, ``accept``), ``wait`` (a barrier: wait for the stages running at once; the rest run
 one at a time) or ``-NAME`` (leave that suite's or stage's stages out: ``reliability -sanitizer``).
 
@@ -31,8 +32,18 @@ its servers' logs and results JSON; lines appended to ``$GPUJOB_DIR/summary.txt`
 (stage ``e2e``), ``stage_results.tar.gz`` (every stage's ``*_results.json``). Exit status 0 only
 when every stage ran and returned 0 (or had nothing to run); 2 for a bad name or setting.
 
-This file is stdlib only (gpu_job.sh checks the names with it before the setup) and is not a
-pytest module (``test/cpu/test_run_suite.py`` tests it).
+Background kernel builds: ``python3 test/run_suite.py --jit-build start|wait|run DIR`` builds
+SGLang's JIT modules that the Marlin W4A16 MoE path loads (``JIT_MODULES``: ``moe_wna16_marlin``
+for bf16, ``gptq_marlin_repack``; minutes of nvcc on a cold cache) into ``$TVM_FFI_CACHE_DIR``,
+where a server finds them. ``start`` launches one ``run`` per module in its own session (setsid:
+neither the stage's process-group kill nor the end of the calling command stops it) and returns;
+``run`` builds, then writes ``DIR/<module>.json`` (rc, seconds, the ``.so`` size and its xz size,
+errors) atomically; ``wait`` waits for every marker (building in the foreground what no live
+builder is building) and exits non-zero if a build failed. ``DIR`` (``{jit}`` in a stage) is
+``$JIT_BUILD_DIR``, else ``jitbuild`` beside ``$GPUJOB_DIR``, so it outlives one job on a machine.
+
+This file is stdlib only (gpu_job.sh checks the names with it before the setup; the builder
+imports SGLang inside ``run``) and is not a pytest module (``test/cpu/test_run_suite.py`` tests it).
 """
 
 from __future__ import annotations
@@ -79,7 +90,7 @@ Part = Union[str, Arg]
 class Stage:
     """One command of a suite.
 
-    ``cmd``: argv; strings may hold ``{logs}``, ``{work}``, ``{models}``; :class:`Arg` items
+    ``cmd``: argv; strings may hold ``{logs}``, ``{work}``, ``{models}``, ``{jit}``; :class:`Arg` items
     expand from the environment. ``kind`` ``pytest``: ``--collect-only`` in a dry run and its
     result line in the summary; ``bench``: ``--dry-run``. ``extra``: arguments after those.
     ``env``: variables set for the stage (a string, or an :class:`Arg`: its words joined).
@@ -279,6 +290,68 @@ DEMO_ST = Stage(  # three server starts (~60-140 s each, the first compiles Trit
     "DEMO_TMO", 480, 250, kind="bench", extra=Arg("DEMO_ARGS"), alone=True, report="demo",
     results="demo_results.json")
 
+# ------------------------------------------------------------------------------ the Kimi-K2.5 shard
+SHARD = "kimi-k25-shard"
+SHARD_E2E_COMMON = "--mem-fraction-static 0.7 --cuda-graph-bs-decode 1 4 8"
+"""The shard's server flags beside the e2e tier's own: 71.7 GiB of weights leave 26 GiB of KV
+pool (374k tokens) and 42 GiB for graphs and activations at 0.7 of an H200
+(``dummy_models.kv_tokens_at``); three decode buckets cover concurrency 1-8 (2 pads to 4, 5-7 to 8)."""
+SHARD_JIT_ST = Stage(  # returns at once; the builds (~4 min of nvcc for moe_wna16_marlin, cold) run on in the background
+    "shard_jit", ("python3", "test/run_suite.py", "--jit-build", "start", "{jit}"), "SHARD_JIT_TMO", 60, 5,
+    kind="bench", report="jit")
+SHARD_JIT_WAIT_ST = Stage(  # 0 s when the build ended during the triton stage; a fresh machine builds here (~4 min)
+    "shard_jit_wait", ("python3", "test/run_suite.py", "--jit-build", "wait", "{jit}"), "SHARD_JIT_WAIT_TMO", 420, 10,
+    kind="bench", report="jit", alone=True)
+
+
+def _shard_e2e(name: str, moe_args: str, est_s: int) -> Stage:
+    """The e2e tier (ours / upstream / plain, counters at concurrency 1-8, greedy parity 16 prompts x
+    64 tokens) on kimi-k25-shard with num_steps 3 (4 draft tokens), one server at a time."""
+    return Stage(
+        name, pytest_cmd("server", E2E), "SHARD_E2E_TMO", 545, est_s, extra=Arg("E2E_ARGS"), e2e_report=True,
+        alone=True, env=(("E2E_MODEL", Arg("SHARD_MODEL", SHARD)), ("E2E_VOCAB", "20480"),
+                         ("E2E_STEPS", Arg("SHARD_STEPS", "3")), ("E2E_PARITY_TOKENS", Arg("SHARD_TOKENS", "64")),
+                         ("E2E_LAUNCH_TIMEOUT", Arg("SHARD_LAUNCH_TMO", "400")),
+                         ("E2E_PARITY_TIE_TOL", Arg("SHARD_TIE_TOL", "0")),
+                         ("E2E_SERVER_ARGS", Arg(f"{name.upper()}_ARGS", f"{moe_args} {SHARD_E2E_COMMON}".strip()))))
+
+
+# est (not measured): 3 server starts of ~90-150 s each (dummy init is quick; capture of 61 layers x
+# 3 buckets for decode, verify, draft, draft-extend; the first start of a job compiles Triton's
+# kernels, +60-90 s cold) + ~60 s of requests (parity 3 x 16 x 64 tokens, concurrency 1-8)
+SHARD_E2E_TRITON_ST = _shard_e2e("shard_e2e_triton", "--moe-runner-backend triton", 480)
+SHARD_E2E_MARLIN_ST = _shard_e2e("shard_e2e_marlin", "", 420)  # default MoE backend: Marlin WNA16
+SHARD_MARLIN = Group("shard_marlin_e2e", (SHARD_JIT_WAIT_ST, SHARD_E2E_MARLIN_ST))
+
+SHARD_SWEEP = ("--model kimi-k25-shard --steps 2,3 --contexts 1024,4096,16384 --batch-sizes 1,4,8,16,32 "
+               "--prefix-cache --mem 0.85 --moe-runner-backend triton --cuda-graph-bs 1,4,8,16,32")
+"""The full per-phase sweep: plain once, upstream and ours per num_steps (5 engines); 16k x bs 32
+needs 32 x 16.4k tokens of pool (0.85: 676k tokens)."""
+SHARD_SWEEP_LEAN = ("--model kimi-k25-shard --steps 3 --contexts 1024,16384 --batch-sizes 1,32 --new-tokens 32 "
+                    "--prefix-cache --mem 0.85 --moe-runner-backend triton --cuda-graph-bs 1,32")
+"""The same at num_steps 3, the corner points only (3 engines, one 10-minute call)."""
+
+
+def _shard_bench(name: str, args: str, tmo_s: int, est_s: int, mode_tmo: str) -> Stage:
+    return Stage(
+        name, ("python3", "benchmark/bench_verify.py", "--out", f"{{work}}/{name}_results.json", "--log-dir",
+               f"{{logs}}/{name}", "--models-dir", "{models}", "--mode-timeout", Arg("SHARD_BENCH_MODE_TMO", mode_tmo)),
+        f"{name.upper()}_TMO", tmo_s, est_s, kind="bench", extra=Arg(f"{name.upper()}_ARGS", args), alone=True,
+        report="bench", results=f"{name}_results.json")
+
+
+# est (not measured): per engine ~90-150 s to start (5 buckets) + prefill of 32 prompts per context
+# (688k tokens for 1k/4k/16k) + 15 points x ~70 tokens; the sweep does not fit one 10-minute call
+SHARD_BENCH_ST = _shard_bench("shard_bench", SHARD_SWEEP, 1500, 1080, "600")
+SHARD_BENCH_LEAN_ST = _shard_bench("shard_bench_lean", SHARD_SWEEP_LEAN, 545, 480, "300")
+SHARD_WRAPPED_ST = Stage(  # est (not measured): one engine start ~120-150 s + 2 points; sglang.Engine, text model only
+    "shard_wrapped", ("python3", "benchmark/bench_verify.py", "--out", "{work}/shard_wrapped_results.json",
+                      "--log-dir", "{logs}/shard_wrapped", "--models-dir", "{models}", "--mode-timeout", "400",
+                      "--require-replays"),
+    "SHARD_WRAPPED_TMO", 450, 180, kind="bench", alone=True, report="bench", results="shard_wrapped_results.json",
+    extra=Arg("SHARD_WRAPPED_ARGS", "--model kimi-k25-shard-wrapped --modes ours --steps 3 --contexts 1024 "
+              "--batch-sizes 1,8 --new-tokens 32 --mem 0.7 --moe-runner-backend triton --cuda-graph-bs 1,8"))
+
 # ------------------------------------------------------------------------------ the suites
 SUITES: dict[str, Suite] = {
     "demo": Suite(
@@ -315,6 +388,27 @@ SUITES: dict[str, Suite] = {
     "capture": Suite(
         "verify-graph capture time and memory over repeated engine starts, ours vs upstream "
         "(CAPTURE_ARGS)", 320, (CAPTURE_ST,)),
+    # the Kimi-K2.5 TP-8 shard (72 GiB of dummy weights): one server at a time; estimates, not measured
+    "shard_triton": Suite(
+        "Kimi-K2.5 TP-8 shard, triton WNA16 MoE: the Marlin JIT build started in the background, then "
+        "ours / upstream / plain on the stock server: parity 16 x 64, replays == verify steps at c=1-8",
+        485, (SHARD_JIT_ST, SHARD_E2E_TRITON_ST), total_s=595),
+    "shard_marlin": Suite(
+        "Kimi-K2.5 TP-8 shard, default (Marlin WNA16) MoE: wait for the Marlin JIT build, then the same "
+        "parity and counters", 430, (SHARD_MARLIN,), total_s=595),
+    "shard_wrapped": Suite(
+        "the KimiK25ForConditionalGeneration-wrapped shard through sglang.Engine: ours replays every "
+        "verify step (bench_verify.py --require-replays)", 180, (SHARD_WRAPPED_ST,)),
+    "shard": Suite(
+        "the shard suites in one job (longer than a 10-minute call: raise TOTAL_S): triton, the wrapped "
+        "shard while Marlin builds, Marlin", 485 + 180 + 430, ("shard_triton", "shard_wrapped", "shard_marlin"),
+        total_s=1250),
+    "shard_bench": Suite(
+        "per-phase GPU time on the shard, plain / upstream / ours, num_steps 2 and 3, bs 1-32 x ctx "
+        "1k-16k (SHARD_BENCH_ARGS; longer than a 10-minute call)", 1080, (SHARD_BENCH_ST,), total_s=1600),
+    "shard_bench_lean": Suite(
+        "per-phase GPU time on the shard, num_steps 3, bs 1 and 32 x ctx 1k and 16k (SHARD_BENCH_LEAN_ARGS)",
+        480, (SHARD_BENCH_LEAN_ST,), total_s=595),
 }
 
 
@@ -331,8 +425,9 @@ def _suite_stages(name: str, environ: Mapping[str, str]) -> list[Stage]:
 
 _ALL = ("demo", "kernel", "selftest", "mla", "reliability", "e2e", "profile", "kbench", "bench")
 SUITES["all"] = Suite(  # one stage at a time: the sum of the stages' estimates
-    "every suite above, one stage at a time, except capture (repeated engine starts: run it alone); "
-    "raise TOTAL_S", sum(s.est_s for n in _ALL for s in _suite_stages(n, {})), _ALL)
+    "every suite above, one stage at a time, except capture (repeated engine starts: run it alone) "
+    "and the shard suites (72 GiB models, their own calls); raise TOTAL_S",
+    sum(s.est_s for n in _ALL for s in _suite_stages(n, {})), _ALL)
 # the stages, cases and groups of the suites, each addressable by its name
 _UNITS = {p.name: p for s in SUITES.values() for p in s.parts if not isinstance(p, str)}
 # settings that are no longer read, each with what replaces it
@@ -486,6 +581,7 @@ class Runner:
         self.logs = os.path.join(self.work, "logs")
         self.out = environ.get("OUT") or "/tmp/gpujob_out"
         self.models = environ.get("MODELS_DIR") or "/tmp/models"
+        self.jit = environ.get("JIT_BUILD_DIR") or os.path.join(os.path.dirname(self.work), "jitbuild")
         self.t0 = float(environ.get("GPUJOB_T0") or time.time())
         self.summary = os.path.join(self.work, "summary.txt")
         self.rc: dict[str, object] = {}
@@ -506,7 +602,7 @@ class Runner:
         return int(time.time() - self.t0)
 
     def fmt(self, s: str) -> str:
-        return s.format(logs=self.logs, work=self.work, models=self.models)
+        return s.format(logs=self.logs, work=self.work, models=self.models, jit=self.jit)
 
     def argv(self, s: Stage) -> list[str]:
         out: list[str] = []
@@ -528,8 +624,12 @@ class Runner:
     # -- one stage
     def _body(self, s: Stage, argv: list[str], env: dict, tmo: int) -> None:
         t1 = time.time()
-        print(f"== stage {s.name} (limit {tmo}s): {' '.join(argv)}", flush=True)
+        set_env = " ".join(f"{k}={shlex.quote(env.get(k, ''))}" for k, _ in s.env)
+        print(f"== stage {s.name} (limit {tmo}s): {set_env + ' ' if set_env else ''}{' '.join(argv)}", flush=True)
         with open(os.path.join(self.logs, f"{s.name}.log"), "w") as log:
+            if set_env:  # what the stage's own variables came to (the tests read them)
+                log.write(f"env: {set_env}\n")
+                log.flush()
             p = subprocess.Popen(["timeout", "-k", "15", str(tmo), *argv], stdout=log, stderr=subprocess.STDOUT,
                                  env=env, cwd=ROOT, start_new_session=True)  # own process group
             rc = p.wait()
@@ -694,6 +794,9 @@ class Runner:
             to_summary([ln[:300] for ln in lines[start:]][-30:])
         elif report == "kbench":  # the kernel tables (everything after the per-point KERNEL lines)
             to_summary([ln[:300] for ln in lines if not ln.startswith("KERNEL {")][-60:])
+        elif report == "jit":  # one line per module: started / built / failed, seconds, sizes
+            for ln in [ln for ln in lines if ln.startswith("JIT ")]:
+                self.say(ln[:300])
 
 
 def e2e_lines(path: str, stage: str) -> list[str]:
@@ -715,8 +818,142 @@ def e2e_lines(path: str, stage: str) -> list[str]:
         return [f"-- {stage} e2e_results.json unreadable: {type(ex).__name__}: {ex}"[:300]]
 
 
+# ------------------------------------------------------------------------------ background JIT builds
+JIT_MODULES = ("moe_wna16_marlin", "gptq_marlin_repack")
+"""SGLang's JIT modules on the Marlin W4A16 MoE path (``jit_kernel/moe_wna16_marlin.py``, built per
+activation dtype, here bf16: ``fused_marlin_moe``; ``jit_kernel/gptq_marlin_repack.py``: the
+weight repack of ``CompressedTensorsWNA16MoE.process_weights_after_loading``). Loading the module
+is what compiles it (``load_jit``: nvcc through tvm-ffi into ``$TVM_FFI_CACHE_DIR/<name>__arch_..``);
+no op needs to run."""
+
+
+def _jit_marker(d: str, module: str) -> str:
+    return os.path.join(d, f"{module}.json")
+
+
+def _jit_read(d: str, module: str) -> dict | None:
+    try:
+        with open(_jit_marker(d, module)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _jit_alive(d: str, module: str) -> bool:
+    try:
+        with open(os.path.join(d, f"{module}.pid")) as f:
+            os.kill(int(f.read().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _jit_line(module: str, m: dict) -> str:
+    if m.get("rc") != 0:
+        return f"JIT {module}: FAILED after {m.get('seconds')}s: {m.get('error', '')[:200]}"
+    so = m.get("so") or {}
+    mib = lambda b: f"{b / 2**20:.1f} MiB" if isinstance(b, (int, float)) else "?"  # noqa: E731
+    return (f"JIT {module}: {'cached' if m.get('cached') else 'built'} in {m.get('seconds')}s; .so "
+            f"{mib(so.get('bytes'))} (xz {mib(so.get('xz_bytes'))}) at {so.get('path')}")
+
+
+def _jit_build_one(d: str, module: str) -> int:
+    """Build one module in this process; write its marker (atomically, last)."""
+    import glob as _glob
+    import lzma
+    import traceback
+
+    t0 = time.time()
+    res: dict = {"module": module, "started": t0, "cache_dir": os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi")}
+    try:
+        if module not in JIT_MODULES:
+            raise ValueError(f"unknown JIT module {module!r}; known: {', '.join(JIT_MODULES)}")
+        cache = os.path.expanduser(res["cache_dir"])
+        before = set(_glob.glob(os.path.join(cache, f"sgl_kernel_jit_{module}*", "*.so")))
+        import torch
+
+        if module == "moe_wna16_marlin":
+            from sglang.jit_kernel.moe_wna16_marlin import _jit_moe_wna16_marlin_module
+
+            _jit_moe_wna16_marlin_module(torch.bfloat16)
+        elif module == "gptq_marlin_repack":
+            from sglang.jit_kernel.gptq_marlin_repack import _jit_gptq_marlin_repack_module
+
+            _jit_gptq_marlin_repack_module()
+        sos = sorted(_glob.glob(os.path.join(cache, f"sgl_kernel_jit_{module}*", "*.so")), key=os.path.getmtime)
+        res["cached"] = bool(sos) and sos[-1] in before
+        if sos:
+            with open(sos[-1], "rb") as f:
+                data = f.read()
+            res["so"] = {"path": sos[-1], "bytes": len(data), "xz_bytes": len(lzma.compress(data, preset=6))}
+        res["rc"] = 0
+    except BaseException as ex:  # noqa: BLE001 -- the marker must say why
+        res["rc"] = 1
+        res["error"] = f"{type(ex).__name__}: {ex}"[:1500]
+        traceback.print_exc()
+    res["seconds"] = round(time.time() - t0, 1)
+    tmp = _jit_marker(d, module) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(tmp, _jit_marker(d, module))
+    print(_jit_line(module, res), flush=True)
+    return res["rc"]
+
+
+def jit_build(args: list[str]) -> int:
+    """``--jit-build start|wait|run DIR [MODULE] [--dry-run]``: see the module docstring."""
+    dry = "--dry-run" in args
+    args = [a for a in args if a != "--dry-run"]
+    if len(args) < 2 or args[0] not in ("start", "wait", "run"):
+        print("usage: run_suite.py --jit-build start|wait|run DIR [MODULE] [--dry-run]", file=sys.stderr)
+        return 2
+    action, d = args[0], args[1]
+    modules = args[2:] or list(JIT_MODULES)
+    os.makedirs(d, exist_ok=True)
+    if action == "run":
+        return max(_jit_build_one(d, m) for m in modules)
+    if dry:
+        for m in modules:
+            print(f"JIT {m}: DRY_RUN: would {action} {sys.executable} {os.path.abspath(__file__)} --jit-build run {d} {m}"
+                  f" (setsid; log {os.path.join(d, m + '.log')}, marker {_jit_marker(d, m)})", flush=True)
+        return 0
+    if action == "start":
+        for m in modules:
+            done = _jit_read(d, m)
+            if done and done.get("rc") == 0:
+                print(_jit_line(m, done) + " (marker from an earlier job)", flush=True)
+                continue
+            if _jit_alive(d, m):
+                print(f"JIT {m}: already building (pid file {os.path.join(d, m + '.pid')})", flush=True)
+                continue
+            if done:
+                os.remove(_jit_marker(d, m))  # a failed build: try again
+            with open(os.path.join(d, f"{m}.log"), "w") as log:
+                p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--jit-build", "run", d, m],
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, cwd=ROOT)
+            with open(os.path.join(d, f"{m}.pid"), "w") as f:
+                f.write(str(p.pid))
+            print(f"JIT {m}: started pid {p.pid} in its own session; log {os.path.join(d, m + '.log')}", flush=True)
+        return 0
+    rc, t0 = 0, time.time()  # wait
+    for m in modules:
+        while _jit_read(d, m) is None and _jit_alive(d, m):
+            time.sleep(2)
+        done = _jit_read(d, m)
+        if done is None:  # nobody built it here: build it now
+            print(f"JIT {m}: no marker and no builder: building in the foreground", flush=True)
+            _jit_build_one(d, m)
+            done = _jit_read(d, m) or {"rc": 1, "error": "no marker written"}
+        print(_jit_line(m, done) + f" (waited {int(time.time() - t0)}s)", flush=True)
+        rc = rc or (0 if done.get("rc") == 0 else 1)
+    return rc
+
+
 def main(argv: list[str]) -> int:
     args = list(argv)
+    if args[:1] == ["--jit-build"]:
+        return jit_build(args[1:])
     if args[:1] == ["--list"]:
         print(table())
         return 0

@@ -9,6 +9,7 @@ behind that hold the GPU for the next stage; a stage started with less budget th
 left, so packing runs past the 10-minute call; ``-NAME`` or the suites' own budget not applied.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -34,7 +35,14 @@ WANT_FILES = {
     "bench": {"benchmark/bench_verify.py"},
     "kbench": {"benchmark/bench_chain_kernel.py"},
     "capture": {"benchmark/bench_capture.py"},
+    "shard_triton": {"test/run_suite.py", "test/e2e/test_server_e2e.py"},
+    "shard_marlin": {"test/run_suite.py", "test/e2e/test_server_e2e.py"},
+    "shard_wrapped": {"benchmark/bench_verify.py"},
+    "shard": {"test/run_suite.py", "test/e2e/test_server_e2e.py", "benchmark/bench_verify.py"},
+    "shard_bench": {"benchmark/bench_verify.py"},
+    "shard_bench_lean": {"benchmark/bench_verify.py"},
 }
+SHARD_SUITES = {n for n in WANT_FILES if n.startswith("shard")}
 
 
 @pytest.mark.parametrize("name", list(rs.SUITES))
@@ -61,7 +69,7 @@ def test_the_suites_run_what_their_purpose_names():
 
 
 def test_all_is_every_suite_but_capture_one_at_a_time():
-    every = [s.name for n in rs.SUITES if n not in ("all", "capture") for s in rs._suite_stages(n, {})]
+    every = [s.name for n in rs.SUITES if n not in ("all", "capture", *SHARD_SUITES) for s in rs._suite_stages(n, {})]
     got = [s.name for s in rs._suite_stages("all", {})]
     assert sorted(got) == sorted(every) and len(set(got)) == len(got)
     assert not rs.SUITES["all"].parallel
@@ -136,7 +144,7 @@ def test_leaving_out_and_the_suite_budget():
 def test_bench_is_quick_unless_bench_args_is_set():
     bench = rs._UNITS["bench"]
     r = rs.Runner.__new__(rs.Runner)
-    r.st, r.logs, r.work, r.models = rs.settings(["bench"], {}), "/l", "/w", "/m"
+    r.st, r.logs, r.work, r.models, r.jit = rs.settings(["bench"], {}), "/l", "/w", "/m", "/j"
     r.environ = {}
     assert r.argv(bench)[-1] == "--quick"
     r.environ = {"BENCH_ARGS": "--contexts 1024 --modes ours,upstream"}
@@ -213,3 +221,100 @@ def test_bench_suite_dry_run_is_quick(tmp_path, gpu_job_dry):
     lines = [ln for ln in log.splitlines() if ln.startswith("DRYRUN ")]
     assert [ln.split(":")[0] for ln in lines] == ["DRYRUN ours", "DRYRUN upstream", "DRYRUN plain"], log
     assert all("llama-small" in ln for ln in lines), log
+
+
+# ------------------------------------------------------------------------------ the shard suites
+def test_shard_suites_one_server_at_a_time_and_what_they_set():
+    """The shard's e2e stages run alone (72 GiB per server), with the shard's model, vocabulary,
+    num_steps 3, 16 x 64-token parity and the MoE backend each names; the Marlin one waits for the
+    JIT build first; each two-call half fits one 10-minute call by its own budget."""
+    tri = [s.name for s in rs._suite_stages("shard_triton", {})]
+    mar = [s.name for s in rs._suite_stages("shard_marlin", {})]
+    assert tri == ["shard_jit", "shard_e2e_triton"] and mar == ["shard_jit_wait", "shard_e2e_marlin"]
+    assert [s.name for s in rs._suite_stages("shard", {})] == tri + ["shard_wrapped"] + mar
+    r = rs.Runner.__new__(rs.Runner)
+    r.st, r.environ = rs.settings(["shard_triton"], {}), {}
+    r.logs, r.work, r.models, r.jit = "/l", "/w", "/m", "/j"
+    for st, moe in ((rs.SHARD_E2E_TRITON_ST, "--moe-runner-backend triton"), (rs.SHARD_E2E_MARLIN_ST, "")):
+        env = r.stage_env(st, shared=False)
+        assert st.alone and st.e2e_report
+        assert (env["E2E_MODEL"], env["E2E_VOCAB"], env["E2E_STEPS"], env["E2E_PARITY_TOKENS"]) == (
+            "kimi-k25-shard", "20480", "3", "64")
+        args = env["E2E_SERVER_ARGS"].split()
+        assert ("--moe-runner-backend" in args) == bool(moe) and "--mem-fraction-static" in args
+        assert args[args.index("--cuda-graph-bs-decode") + 1:][:3] == ["1", "4", "8"]
+    r.environ = {"SHARD_E2E_MARLIN_ARGS": "--mem-fraction-static 0.75", "SHARD_TOKENS": "32"}
+    env = r.stage_env(rs.SHARD_E2E_MARLIN_ST, shared=False)
+    assert env["E2E_SERVER_ARGS"] == "--mem-fraction-static 0.75" and env["E2E_PARITY_TOKENS"] == "32"
+    assert r.argv(rs.SHARD_JIT_ST)[-2:] == ["start", "/j"]
+    for name in ("shard_triton", "shard_marlin", "shard_bench_lean"):
+        st = rs.settings([name], {})
+        assert st.total_s <= 595 and rs.estimate_s(st) < st.total_s - st.reserve_s, name
+    assert rs.settings(["shard"], {}).total_s > 1000  # the whole suite is longer than one call
+
+
+def _jit(*args, **kw):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "test", "run_suite.py"), "--jit-build", *args],
+                          capture_output=True, text=True, timeout=180, **kw)
+
+
+def test_jit_build_start_outlives_its_stage_and_wait_reads_the_marker(tmp_path):
+    """``start`` returns at once and leaves the builder in its own session, so the stage's
+    process-group kill (and the end of the command) does not stop it; the builder writes its
+    marker last; ``wait`` reports it and fails for a failed build; a second ``start`` with a good
+    marker builds nothing; ``wait`` with neither marker nor builder builds in the foreground."""
+    d = tmp_path / "jit"
+    stage = rs.Stage("jitstart", ("python3", "test/run_suite.py", "--jit-build", "start", str(d), "nosuch"),
+                     "JITSTART_TMO", 60, 1, kind="bench", report="jit")
+    r = _runner(tmp_path, stage)
+    assert r.run() == 0
+    pid = int((d / "nosuch.pid").read_text())
+    assert "JIT nosuch: started pid" in (tmp_path / "w" / "summary.txt").read_text()
+    t0 = time.time()
+    while not (d / "nosuch.json").exists() and time.time() - t0 < 120:
+        time.sleep(0.5)
+    marker = json.loads((d / "nosuch.json").read_text())  # written by the builder after the stage ended
+    assert marker["rc"] == 1 and "unknown JIT module 'nosuch'" in marker["error"]
+    assert not _alive(pid)
+    w = _jit("wait", str(d), "nosuch")
+    assert w.returncode == 1 and "JIT nosuch: FAILED" in w.stdout
+    (d / "done.json").write_text(json.dumps({"rc": 0, "seconds": 212.0, "so": {"path": "/c/x.so", "bytes": 2**25,
+                                                                             "xz_bytes": 2**23}}))
+    again = _jit("start", str(d), "done")
+    assert again.returncode == 0 and "built in 212.0s; .so 32.0 MiB (xz 8.0 MiB)" in again.stdout
+    assert not (d / "done.pid").exists()
+    fg = _jit("wait", str(d), "other")
+    assert fg.returncode == 1 and "no marker and no builder: building in the foreground" in fg.stdout
+    assert json.loads((d / "other.json").read_text())["rc"] == 1
+
+
+def test_jit_build_dry_run_and_usage(tmp_path):
+    p = _jit("start", str(tmp_path), "--dry-run")
+    assert p.returncode == 0 and [ln.split(":")[0] for ln in p.stdout.splitlines()] == [
+        f"JIT {m}" for m in rs.JIT_MODULES]
+    assert not list(tmp_path.glob("*.pid"))
+    assert _jit("build", str(tmp_path)).returncode == 2
+
+
+def test_shard_suite_dry_run(tmp_path, gpu_job_dry):
+    """``SUITE=shard`` under ``DRY_RUN=1``: gpu_job.sh starts (dry) the JIT build before the plugin
+    install, every stage collects or dry-runs, the wrapped shard's engine has the multimodal
+    part off."""
+    p, summary = gpu_job_dry(timeout=300, SUITE="shard")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert summary.index("jit at ") < summary.index("install: ")
+    assert ("stages: shard_jit=0 shard_e2e_triton=0 shard_wrapped=0 shard_jit_wait=0 shard_e2e_marlin=0"
+            in summary)
+    assert "-- shard_e2e_triton: 6 tests collected" in summary
+    logs = tmp_path / "gpujob" / "logs"
+    assert "E2E_SERVER_ARGS='--moe-runner-backend triton" in (logs / "shard_e2e_triton.log").read_text()
+    wrapped = (logs / "shard_wrapped.log").read_text()
+    assert '"enable_multimodal": false' in wrapped and "kimi-k25-shard-wrapped" in wrapped
+
+
+def test_shard_bench_dry_run_plans_the_sweep(tmp_path, gpu_job_dry):
+    p, summary = gpu_job_dry(timeout=300, SUITE="shard_bench")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    log = (tmp_path / "gpujob" / "logs" / "shard_bench.log").read_text()
+    assert "BENCH plan: ours@2, upstream@2, plain, ours@3, upstream@3" in log
+    assert '"moe_runner_backend": "triton"' in log and '"cuda_graph_bs_decode": [1, 4, 8, 16, 32]' in log
