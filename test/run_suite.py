@@ -875,11 +875,20 @@ def _jit_build_one(d: str, module: str) -> int:
         if module == "moe_wna16_marlin":
             from sglang.jit_kernel.moe_wna16_marlin import _jit_moe_wna16_marlin_module
 
-            _jit_moe_wna16_marlin_module(torch.bfloat16)
-        elif module == "gptq_marlin_repack":
+            build = lambda: _jit_moe_wna16_marlin_module(torch.bfloat16)  # noqa: E731
+        else:
             from sglang.jit_kernel.gptq_marlin_repack import _jit_gptq_marlin_repack_module
 
-            _jit_gptq_marlin_repack_module()
+            build = _jit_gptq_marlin_repack_module
+        try:
+            build()
+        except Exception as ex:  # e.g. a carried .so that does not load here: clean build once more
+            print(f"JIT {module}: {type(ex).__name__}: {str(ex)[:300]}; removing its build dirs, building again",
+                  flush=True)
+            for bd in _glob.glob(os.path.join(cache, f"sgl_kernel_jit_{module}*")):
+                shutil.rmtree(bd, ignore_errors=True)
+            before = set()
+            build()
         sos = sorted(_glob.glob(os.path.join(cache, f"sgl_kernel_jit_{module}*", "*.so")), key=os.path.getmtime)
         res["cached"] = bool(sos) and sos[-1] in before
         if sos:

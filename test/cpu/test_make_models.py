@@ -201,6 +201,8 @@ def test_shard_bytes_against_a_hand_count():
     full = dm.shard_weight_bytes(dict(dm.KIMI_K25_TEXT, quantization_config=t["quantization_config"]))
     assert full["moe routed experts (w13 + w2)"]["bytes"] == 8 * b["moe routed experts (w13 + w2)"]["bytes"]
     assert full["attn fused_qkv_a_proj_with_mqa"]["bytes"] == b["attn fused_qkv_a_proj_with_mqa"]["bytes"]
+    # the whole text model: Kimi-K2.5's 1.03T parameters, 594 GB as the INT4 checkpoint stores them
+    assert 1.02e12 < full["total"]["params"] < 1.03e12 and 590e9 < full["total"]["bytes"] < 600e9
     # what fits next to the weights on one H200: the e2e tier's 0.7 and the sweep's 0.85
     assert dm.kv_tokens_at(0.7, t, d) > 8 * 4096 and dm.kv_tokens_at(0.85, t, d) > 32 * (16384 + 128)
     assert dm.kv_tokens_at(0.5, t, d) == 0  # 0.5 of an H200 does not hold the weights

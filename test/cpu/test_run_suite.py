@@ -318,3 +318,31 @@ def test_shard_bench_dry_run_plans_the_sweep(tmp_path, gpu_job_dry):
     log = (tmp_path / "gpujob" / "logs" / "shard_bench.log").read_text()
     assert "BENCH plan: ours@2, upstream@2, plain, ours@3, upstream@3" in log
     assert '"moe_runner_backend": "triton"' in log and '"cuda_graph_bs_decode": [1, 4, 8, 16, 32]' in log
+
+
+def test_the_marlin_jit_modules_travel_in_their_own_file(tmp_path, gpu_job_dry):
+    """A bundle's ``marlin_jit.tar.xz`` is restored into the kernel cache; the job returns the
+    Marlin .so files as ``marlin_jit.tar.xz`` and keeps them (and JIT build intermediates) out of
+    ``jitcache.tar.xz``."""
+    import tarfile
+
+    src = tmp_path / "src"
+    mod = src / "jitcache" / "sgl_kernel_jit_moe_wna16_marlin_bf16_t_0__arch_9.0a__tvmffi_0.1.11"
+    mod.mkdir(parents=True)
+    (mod / "sgl_kernel_jit_moe_wna16_marlin_bf16_t_0.so").write_bytes(b"\x7fELF" + b"0" * 4096)
+    (mod / "main.o").write_bytes(b"o")
+    (src / "jitcache" / "other").mkdir()
+    (src / "jitcache" / "other" / "x.so").write_bytes(b"x")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    with tarfile.open(bundle / "marlin_jit.tar.xz", "w:xz") as t:
+        t.add(src / "jitcache", arcname="jitcache")
+    p, summary = gpu_job_dry(timeout=300, SUITE="kernel", BUNDLE=str(bundle))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "restored the Marlin JIT modules" in summary and "marlin_jit.tar.xz 0 MiB (.so: jitcache/" in summary
+    out = tmp_path / "gpujob_out"
+    with tarfile.open(out / "marlin_jit.tar.xz") as t:
+        assert t.getnames() == [f"jitcache/{mod.name}/sgl_kernel_jit_moe_wna16_marlin_bf16_t_0.so"]
+    with tarfile.open(out / "jitcache.tar.xz") as t:
+        names = t.getnames()
+    assert "jitcache/other/x.so" in names and not [n for n in names if "marlin" in n or n.endswith(".o")]
