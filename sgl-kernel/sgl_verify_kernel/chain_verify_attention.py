@@ -58,6 +58,11 @@ PROGRAMS_PER_SM = 2
 # Query rows per program (``BLOCK_R``) the kernel is built for: tl.dot needs >= 16, and 32 is the
 # register cap with MLA's 512-wide fp32 accumulator.
 BLOCK_R_CHOICES = (16, 32)
+# Software-pipeline depths of stage 1, preferred first: 2 is the measured H200 choice. A device whose
+# shared memory per block cannot hold that build gets the next (same arithmetic, no prefetch of the
+# next key block): MLA's 512-wide latent at 32 rows takes 106 KB at 2 stages and 70 KB at 1 with
+# Triton 3.6 and 3.8, and sm_86/89/120 parts offer 99 KB (test/cpu/test_chain_kernel_arch_fit.py).
+STAGE1_NUM_STAGES = (2, 1)
 
 
 @triton.jit
@@ -262,6 +267,67 @@ def workspace_numel(shape: ChainVerifyShape, bs: int, num_kv_splits: int) -> tup
     return t * shape.num_q_heads * num_kv_splits * shape.head_dim_v, t * shape.num_q_heads * num_kv_splits
 
 
+def launch_config(shape: ChainVerifyShape, use_cap: bool = False,
+                  chain_in_seq: bool = False) -> tuple[dict, dict]:
+    """Constexprs and launch options of stage 1 and stage 2 for ``shape`` (new dicts, the keyword
+    arguments of the two launches). ``use_cap``: a logit soft cap is set; ``chain_in_seq``: the
+    ``seq_lens_include_chain`` lengths. Stage 1's ``num_stages`` is ``STAGE1_NUM_STAGES[0]``; the
+    launcher lowers it on a device that cannot hold that build (``choose_num_stages``)."""
+    block_dpe = shape.rope_dim
+    block_d = triton.next_power_of_2(shape.head_dim_qk - block_dpe)
+    block_dv = triton.next_power_of_2(shape.head_dim_v)
+    big = block_d >= 256 or block_dv >= 256
+    stage1 = dict(
+        NDT=shape.num_draft_tokens, GROUP=shape.group, ROW_BLOCKS=shape.row_blocks,
+        BLOCK_R=shape.block_r, BLOCK_N=32 if big else 64,
+        BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
+        LK=shape.head_dim_qk, LV=shape.head_dim_v,
+        MIN_SPLIT=MIN_KEYS_PER_SPLIT, USE_CAP=bool(use_cap), CHAIN_IN_SEQ=bool(chain_in_seq),
+        num_warps=8 if big else 4, num_stages=STAGE1_NUM_STAGES[0],
+    )
+    stage2 = dict(
+        NDT=shape.num_draft_tokens, BLOCK_DV=block_dv, LV=shape.head_dim_v,
+        MIN_SPLIT=MIN_KEYS_PER_SPLIT, CHAIN_IN_SEQ=bool(chain_in_seq),
+        num_warps=4 if block_dv >= 256 else 2, num_stages=1,
+    )
+    return stage1, stage2
+
+
+def choose_num_stages(shared_bytes, max_shared_mem: int) -> int:
+    """Stage 1's ``num_stages`` for a device with ``max_shared_mem`` bytes of shared memory per
+    block: the first of ``STAGE1_NUM_STAGES`` whose build fits (``shared_bytes(n)``: the compiled
+    kernel's ``metadata.shared`` at ``num_stages=n``), else the last (whose launch Triton then
+    refuses with OutOfResources, as it would any build that does not fit)."""
+    for n in STAGE1_NUM_STAGES[:-1]:
+        if shared_bytes(n) <= max_shared_mem:
+            return n
+    return STAGE1_NUM_STAGES[-1]
+
+
+# (device, dtypes, stage-1 config) -> the num_stages chosen there; filled on first use.
+_STAGE1_STAGES: dict = {}
+
+
+def _stage1_num_stages(args: tuple, grid: tuple, cfg: dict) -> int:
+    """``choose_num_stages`` for the current device, once per device, dtypes and configuration
+    (it compiles without launching: Triton keeps the build for the launch that follows). Off a
+    GPU (CPU tensors, TRITON_INTERPRET) the default ``cfg["num_stages"]``."""
+    q, k_buffer, v_buffer = args[:3]
+    if not q.is_cuda or not isinstance(_chain_verify_stage1, triton.runtime.JITFunction):
+        return cfg["num_stages"]
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
+    key = (device, q.dtype, k_buffer.dtype, v_buffer.dtype, tuple(cfg.items()))
+    n = _STAGE1_STAGES.get(key)
+    if n is None:
+        max_shared = driver.utils.get_device_properties(device)["max_shared_mem"]
+        n = choose_num_stages(
+            lambda s: _chain_verify_stage1.warmup(*args, grid=grid, **{**cfg, "num_stages": s}).metadata.shared,
+            max_shared)
+        _STAGE1_STAGES[key] = n
+    return n
+
+
 def chain_verify_attention_fwd(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
@@ -296,12 +362,9 @@ def chain_verify_attention_fwd(
         raise ValueError("chain verify: workspace too small for this batch")
     att_out = att_out_flat[:n_out].view(t, h, num_kv_splits, dv)
     att_lse = att_lse_flat[:n_lse].view(t, h, num_kv_splits)
-    block_dpe = shape.rope_dim
-    block_d = triton.next_power_of_2(dk - block_dpe)
-    block_dv = triton.next_power_of_2(dv)
-    big = block_d >= 256 or block_dv >= 256
+    cfg1, cfg2 = launch_config(shape, logit_cap > 0, bool(seq_lens_include_chain))
     grid1 = (bs, shape.num_kv_heads * shape.row_blocks, num_kv_splits)
-    _chain_verify_stage1[grid1](
+    args1 = (
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, att_out, att_lse,
         sm_scale, logit_cap,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -309,20 +372,15 @@ def chain_verify_attention_fwd(
         att_out.stride(0), att_out.stride(1), att_out.stride(2),
         att_lse.stride(0), att_lse.stride(1),
         num_kv_splits,
-        NDT=shape.num_draft_tokens, GROUP=shape.group, ROW_BLOCKS=shape.row_blocks,
-        BLOCK_R=shape.block_r, BLOCK_N=32 if big else 64,
-        BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv, LK=dk, LV=dv,
-        MIN_SPLIT=MIN_KEYS_PER_SPLIT, USE_CAP=logit_cap > 0, CHAIN_IN_SEQ=bool(seq_lens_include_chain),
-        num_warps=8 if big else 4, num_stages=2,
     )
+    cfg1["num_stages"] = _stage1_num_stages(args1, grid1, cfg1)
+    _chain_verify_stage1[grid1](*args1, **cfg1)
     _chain_verify_stage2[(t, h)](
         att_out, att_lse, o, seq_lens,
         att_out.stride(0), att_out.stride(1), att_out.stride(2),
         att_lse.stride(0), att_lse.stride(1), o.stride(0), o.stride(1),
         num_kv_splits,
-        NDT=shape.num_draft_tokens, BLOCK_DV=block_dv, LV=dv, MIN_SPLIT=MIN_KEYS_PER_SPLIT,
-        CHAIN_IN_SEQ=bool(seq_lens_include_chain),
-        num_warps=4 if block_dv >= 256 else 2, num_stages=1,
+        **cfg2,
     )
     return o
 
