@@ -2,7 +2,7 @@
 
 Starts real SGLang 0.5.16 servers (one at a time: GPU memory) on a dummy-weight Llama target and its
 EAGLE-3 draft (``python -m sglang_verify_graph.dummy_models``; ``E2E_MODEL``: ``llama-small`` by default, ``llama-8b`` for the
-Llama-3.1-8B shape of the slice-1 issue; ``kimi-small`` / ``kimi-small-mla`` for the Kimi-K2.5-shaped MLA +
+Llama-3.1-8B shape; ``kimi-small`` / ``kimi-small-mla`` for the Kimi-K2.5-shaped MLA +
 MoE target with the Llama-style / MLA drafter), EAGLE-3 topk 1, ``E2E_STEPS`` steps (default 2: 3 draft tokens),
 attention backend
 ``E2E_BACKEND`` (default triton):
