@@ -97,22 +97,12 @@ def llama_8b():
 
 
 def kimi_small(layers: int = 6):
-    """Reduced Kimi-K2 (DeepseekV3) target at one TP-8 shard's widths, + Llama-style draft."""
+    """Reduced Kimi-K2 (DeepseekV3) target at one TP-8 shard's widths (``tp_shard`` of
+    ``KIMI_K25_TEXT``) with ``layers`` layers, 128 bf16 experts, vocab 32000, no rope scaling,
+    32k positions, + Llama-style draft."""
     V = 32000
-    t = {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "attention_bias": False,
-        "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "first_k_dense_replace": 1,
-        "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 2304, "kv_lora_rank": 512,
-        "max_position_embeddings": 32768, "moe_intermediate_size": 256, "moe_layer_freq": 1,
-        "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "norm_topk_prob": True,
-        "num_attention_heads": 8, "num_experts_per_tok": 8, "num_hidden_layers": layers,
-        "num_key_value_heads": 8, "num_nextn_predict_layers": 0, "q_lora_rank": 1536,
-        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-6, "rope_scaling": None,
-        "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid",
-        "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc",
-        "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128, "vocab_size": V,
-        "initializer_range": 0.02,
-    }
+    t = dict(tp_shard(KIMI_K25_TEXT, 8), num_hidden_layers=layers, n_routed_experts=128,
+             vocab_size=V, max_position_embeddings=32768, rope_scaling=None)
     aux = [2, layers // 2, layers - 2]
     base = _llama(7168, 1, 56, 8, 18432, V, 32768, 50000.0, head_dim=128)
     return t, _eagle3_draft(base, aux, 7168)
