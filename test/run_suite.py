@@ -295,7 +295,7 @@ SHARD = "kimi-k25-shard"
 SHARD_E2E_COMMON = "--mem-fraction-static 0.7 --cuda-graph-bs-decode 1 4 8"
 """The shard's server flags beside the e2e tier's own: 71.7 GiB of weights leave 26 GiB of KV
 pool (374k tokens) and 42 GiB for graphs and activations at 0.7 of an H200
-(``dummy_models.kv_tokens_at``); three decode buckets cover concurrency 1-8 (2 pads to 4, 5-7 to 8)."""
+(``shard_bytes.kv_tokens_at``); three decode buckets cover concurrency 1-8 (2 pads to 4, 5-7 to 8)."""
 SHARD_JIT_ST = Stage(  # returns at once; the builds (~4 min of nvcc for moe_wna16_marlin, cold) run on in the background
     "shard_jit", ("python3", "test/run_suite.py", "--jit-build", "start", "{jit}"), "SHARD_JIT_TMO", 60, 5,
     kind="bench", report="jit")

@@ -23,6 +23,7 @@ NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-sm
          "kimi-k25-shard-wrapped"]
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from sglang_verify_graph import dummy_models as dm  # noqa: E402
+from sglang_verify_graph import shard_bytes as sb  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +186,7 @@ def test_shard_bytes_against_a_hand_count():
     weights, half a byte each plus one bf16 scale per 32; o_proj: 61 x (8 x 128) x 7168 bf16;
     the MLA KV cache: (512 + 64) x 2 bytes x 61 layers per token."""
     t, d = dm.kimi_k25_shard()
-    b = dm.shard_weight_bytes(t, d)
+    b = sb.shard_weight_bytes(t, d)
     n = 60 * 384 * 3 * 7168 * 256
     assert b["moe routed experts (w13 + w2)"]["params"] == n == 126_835_752_960
     assert b["moe routed experts (w13 + w2)"]["bytes"] == n // 2 + (n // 32) * 2 == 71_345_111_040
@@ -195,14 +196,14 @@ def test_shard_bytes_against_a_hand_count():
                and "bias" not in k)
     assert 70 < b["total"]["bytes"] / 2**30 < 73  # about 72 GiB
     assert b["total"]["bytes"] == b["total_target"]["bytes"] + b["total_draft"]["bytes"]
-    assert dm.kv_bytes_per_token(t) == 576 * 2 * 61 == 70272
-    assert dm.kv_bytes_per_token(d) == 2 * 8 * 128 * 2
+    assert sb.kv_bytes_per_token(t) == 576 * 2 * 61 == 70272
+    assert sb.kv_bytes_per_token(d) == 2 * 8 * 128 * 2
     # a full-width (TP-1) model would not fit: the same count is 8x on the divided parts
-    full = dm.shard_weight_bytes(dict(dm.KIMI_K25_TEXT, quantization_config=t["quantization_config"]))
+    full = sb.shard_weight_bytes(dict(dm.KIMI_K25_TEXT, quantization_config=t["quantization_config"]))
     assert full["moe routed experts (w13 + w2)"]["bytes"] == 8 * b["moe routed experts (w13 + w2)"]["bytes"]
     assert full["attn fused_qkv_a_proj_with_mqa"]["bytes"] == b["attn fused_qkv_a_proj_with_mqa"]["bytes"]
     # the whole text model: Kimi-K2.5's 1.03T parameters, 594 GB as the INT4 checkpoint stores them
     assert 1.02e12 < full["total"]["params"] < 1.03e12 and 590e9 < full["total"]["bytes"] < 600e9
     # what fits next to the weights on one H200: the e2e tier's 0.7 and the sweep's 0.85
-    assert dm.kv_tokens_at(0.7, t, d) > 8 * 4096 and dm.kv_tokens_at(0.85, t, d) > 32 * (16384 + 128)
-    assert dm.kv_tokens_at(0.5, t, d) == 0  # 0.5 of an H200 does not hold the weights
+    assert sb.kv_tokens_at(0.7, t, d) > 8 * 4096 and sb.kv_tokens_at(0.85, t, d) > 32 * (16384 + 128)
+    assert sb.kv_tokens_at(0.5, t, d) == 0  # 0.5 of an H200 does not hold the weights

@@ -17,7 +17,7 @@ installed SGLang's classes and no GPU:
   ``auto``; attention (fused q_a/kv_a, q_b, kv_b, o), the shared experts, the dense layer-0 MLP
   fall back to ``UnquantizedLinearMethod``; the router (``MoEGate``) and ``lm_head``
   (``ParallelLMHead``) are not Linear layers and get no compressed-tensors method;
-* ``dummy_models.ct_ignored`` (the module's own byte count) decides the same for every component.
+* ``shard_bytes.ct_ignored`` (the module's own byte count) decides the same for every component.
 
 What cannot run on a CPU: SGLang checks a scheme's minimum compute capability
 (``_check_scheme_supported``, ``torch.cuda.get_device_capability``) when it picks a linear scheme;
@@ -37,6 +37,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from sglang_verify_graph import dummy_models as dm  # noqa: E402
+from sglang_verify_graph import shard_bytes as sb  # noqa: E402
 
 ct = pytest.importorskip("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors",
                          reason="SGLang's compressed-tensors module does not import here")
@@ -188,10 +189,10 @@ def test_the_byte_count_quantizes_what_sglang_quantizes(quant_config, models_dir
 
     qc = quant_config[name]
     cfg = _cfg(models_dir, name)
-    for comp, module, _, _, kind, _ in dm.shard_components(cfg):
+    for comp, module, _, _, kind, _ in sb.shard_components(cfg):
         if kind not in ("linear", "experts"):
             continue
         names = [module + p for p in (".0.gate_proj", ".0.up_proj", ".0.down_proj")] if kind == "experts" else [module]
         theirs = {should_ignore_layer(n, ignore=qc.ignore, fused_mapping=qc.packed_modules_mapping) for n in names}
-        assert theirs == {dm.ct_ignored(module, qc.ignore)}, (comp, module, theirs)
-        assert dm.ct_ignored(module, qc.ignore) == (kind != "experts"), comp
+        assert theirs == {sb.ct_ignored(module, qc.ignore)}, (comp, module, theirs)
+        assert sb.ct_ignored(module, qc.ignore) == (kind != "experts"), comp
