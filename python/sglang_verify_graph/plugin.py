@@ -138,7 +138,8 @@ def draft_extend_execute_hook(original: Callable, runner, forward_batch, *args, 
     probe.before_execute(runner, forward_batch)
     out = original(runner, forward_batch, *args, **kwargs)
     counters.count_draft_extend_replay(runner.bs, runner.raw_bs)
-    probe.after_execute(runner, forward_batch, out)
+    # 0.5.23: execute(forward_batch, select_index) returns the selected row of each request
+    probe.after_execute(runner, forward_batch, out, args[0] if args else kwargs.get("select_index"))
     return out
 
 

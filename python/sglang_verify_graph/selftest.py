@@ -177,8 +177,9 @@ class DraftExtendProbe:
     def before_execute(self, runner, forward_batch) -> None:
         """Before ``execute`` loads the batch into the runner's static buffers."""
 
-    def after_execute(self, runner, forward_batch, graph_out) -> None:
-        """After ``execute`` returned (``graph_out``: real rows' logits and hidden states)."""
+    def after_execute(self, runner, forward_batch, graph_out, select_index=None) -> None:
+        """After ``execute`` returned (``graph_out``: real rows' logits and hidden states, every
+        token's, or with ``select_index`` (SGLang 0.5.23) the selected token of each request)."""
 
 
 NO_DRAFT_EXTEND_PROBE = DraftExtendProbe()
@@ -213,7 +214,7 @@ class DraftExtendSelfTest(DraftExtendProbe):
         spec = forward_batch.spec_info
         self._spec = {k: getattr(spec, k) for k in _SPEC_FIELDS if hasattr(spec, k)}
 
-    def after_execute(self, runner, forward_batch, graph_out) -> None:
+    def after_execute(self, runner, forward_batch, graph_out, select_index=None) -> None:
         backend = runner.draft_extend_attn_backend
         spec = forward_batch.spec_info
         after = {k: getattr(spec, k) for k in self._spec}
@@ -235,13 +236,14 @@ class DraftExtendSelfTest(DraftExtendProbe):
         r["checks"] += 1
         r["rows"] += logits.shape[0]
         r["nonfinite_rows"] += int((~torch.isfinite(logits).all(-1)).sum().item())
-        ref_logits = ref.next_token_logits[:logits.shape[0]]
+        pick = (lambda x: x[select_index]) if select_index is not None else (lambda x: x[:logits.shape[0]])
+        ref_logits = pick(ref.next_token_logits)
         r["logits_max_rel_err"] = worst(r["logits_max_rel_err"], GraphSelfTest._rel(logits, ref_logits))
         r["argmax_mismatch"] += int((logits.argmax(-1) != ref_logits.argmax(-1)).sum().item())
         if hidden is not None and ref.hidden_states is not None:
             r["nonfinite_rows"] += int((~torch.isfinite(hidden).all(-1)).sum().item())
             r["hidden_max_rel_err"] = worst(
-                r["hidden_max_rel_err"], GraphSelfTest._rel(hidden, ref.hidden_states[:hidden.shape[0]]))
+                r["hidden_max_rel_err"], GraphSelfTest._rel(hidden, pick(ref.hidden_states)))
         self._bs[runner.bs] += 1
         self._raw_bs[runner.raw_bs] += 1
         r["bs_seen"], r["raw_bs_seen"] = dict(self._bs), dict(self._raw_bs)

@@ -215,3 +215,22 @@ def test_eager_draft_extend_is_counted_where_sglang_dispatches_it(counters, back
                                   SimpleNamespace(forward_mode=_mode(mode)))
     assert out == "ran" and counters.draft_extend_eager == eager
     assert counters.verify_steps == 0  # never counted as a verify step
+
+
+def test_the_probe_sees_each_replay_with_its_select_index(counters, monkeypatch):
+    """SGLang 0.5.23's ``execute(forward_batch, select_index)`` returns one row per request: the
+    probe gets ``select_index`` to pick the same rows of its reference."""
+    seen = []
+
+    class Probe:
+        def before_execute(self, runner, fb):
+            seen.append("before")
+
+        def after_execute(self, runner, fb, out, select_index=None):
+            seen.append(("after", out, select_index))
+
+    monkeypatch.setattr(capture, "draft_extend_probe", lambda runner: Probe())
+    runner, execute = _draft_extend_runner(bs=2, raw_bs=2)
+    plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace(), "rows")
+    plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace())
+    assert seen == ["before", ("after", "out", "rows"), "before", ("after", "out", None)]
