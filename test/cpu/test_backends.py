@@ -208,7 +208,7 @@ def test_verify_that_did_not_replay_our_graph_is_counted_with_its_reason():
     model_runner = SimpleNamespace(decode_cuda_graph_runner=ours)
 
     def batch(verify):
-        return SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: verify))
+        return SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: verify, is_draft_extend_v2=lambda: False))
 
     def eager(mr, fb, *args, **kwargs):
         return "eager"
