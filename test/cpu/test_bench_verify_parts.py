@@ -356,6 +356,8 @@ def test_attention_part_end_to_end_in_the_interpreter():
     assert r["copies"] == 2 and r["ndt"] == 3
 
 
+@pytest.mark.skipif(__import__("sglang").__version__ != "0.5.16",
+                    reason="the MoE part calls SGLang 0.5.16's CompressedTensorsWNA16TritonMoE internals")
 def test_moe_part_end_to_end_in_the_interpreter():
     """``CompressedTensorsWNA16TritonMoE.apply_weights`` (MoeRunner -> fused_experts ->
     fused_moe_kernel_gptq_awq, int4, group 32) on weights made by the scheme from random packed
