@@ -24,7 +24,10 @@ What the series does (docs/upstream_pr.md describes the change):
    static-buffer contract, self-test) and its capture ``verify_graph_capture.py``, selected in
    ``cuda_graph_setup.capture_decode_graph``; every TARGET_VERIFY that does not replay the graph
    counted in ``ModelRunner._forward_raw``; the counters in ``Scheduler.get_internal_state``;
-5. the QLEN_ONLY tree mask in ``build_eagle_verify_input``.
+5. the QLEN_ONLY tree mask in ``build_eagle_verify_input``;
+6. the chain attention for the draft's ``DRAFT_EXTEND_V2``: ``ChainDraftExtendTritonBackend``
+   chosen in ``DraftBackendFactory.create_draft_extend_backend``, its graph replays counted at
+   the call in ``EAGLEWorkerV2._draft_extend_for_decode`` (eager ones in ``_forward_raw``).
 
 The new modules are this repository's modules with their imports rewritten to native names
 (``verify_graph_utils`` is the 0.5.16 branch of ``sglang_adapter.py``: the definitions the other
@@ -48,7 +51,7 @@ PLUGIN = ROOT / "python" / "sglang_verify_graph"
 KERNEL = ROOT / "sgl-kernel" / "sgl_verify_kernel"
 AUTHOR = "sglang-verify-graph <sglang-verify-graph@users.noreply.github.com>"
 DATE = "Sat, 29 Nov 2026 00:00:00 +0000"
-TOTAL = 5
+TOTAL = 6
 
 # plugin module -> native module (dotted, under the ``sglang`` package)
 NATIVE = {
@@ -146,8 +149,8 @@ def _native_config(text: str) -> str:
 
 
 def _native_backend(text: str) -> str:
-    text = _replace_line(text, "class ChainVerifyTritonBackend(adapter.triton_attn_backend_cls()):",
-                         "class ChainVerifyTritonBackend(TritonAttnBackend):", "chain_verify_backend")
+    text = _replace_line(text, "class _ChainTritonBackend(adapter.triton_attn_backend_cls()):",
+                         "class _ChainTritonBackend(TritonAttnBackend):", "chain_verify_backend")
     return _add_import(text, "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend")
 
 
@@ -163,7 +166,9 @@ def _native_capture(text: str) -> str:
     text = drop_definitions(text, "verify_graph_capture", "verify_runner_cls_0523")
     if not re.search(r"\bfunctools\.", text):
         text = _replace_line(text, "import functools\n", "", "verify_graph_capture")
-    return text
+    text = _replace_line(text, "    if type(backend) is not adapter.triton_attn_backend_cls():",
+                         "    if type(backend) is not TritonAttnBackend:", "verify_graph_capture")
+    return _add_import(text, "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend")
 
 
 def _add_import(text: str, line: str) -> str:
@@ -423,6 +428,12 @@ def edit_model_runner(lines: list[str], rel: str) -> list[str]:
         "                # --enable-verify-cuda-graph: this verify runs without the verify graph;\n",
         "                # counted under the reason its can_run_graph recorded.\n",
         "                verify_counters.count_eager_verify()\n",
+        "            if forward_batch.forward_mode.is_draft_extend_v2():\n",
+        "                from sglang.srt.model_executor.runner import verify_graph_capture\n",
+        "\n",
+        "                # --enable-verify-cuda-graph: a draft extend that runs without the draft-extend\n",
+        "                # graph (its replays never come here), counted when the chain backend serves it.\n",
+        "                verify_graph_capture.count_eager_draft_extend(self)\n",
         "\n",
     ]
     return lines
@@ -440,6 +451,42 @@ def edit_eagle_worker_common(lines: list[str], rel: str) -> list[str]:
         "        if verify_graph_capture.uses_chain_backend(target_worker.model_runner):\n",
         "            # The chain verify kernel reads no tree mask: build the smallest one.\n",
         "            tree_mask_mode = TreeMaskMode.QLEN_ONLY\n",
+    ]
+    return lines
+
+
+def edit_draft_utils(lines: list[str], rel: str) -> list[str]:
+    i = _find(lines, "    def create_draft_extend_backend(self):", 0, rel, exact=True)
+    j = _find(lines, "        return self._create_backend(", i, rel, exact=True)
+    k = _find(lines, "        )", j, rel, exact=True)
+    lines[j] = "        backend = self._create_backend(\n"
+    lines[k + 1:k + 1] = [
+        "        from sglang.srt.model_executor.runner import verify_graph_capture\n",
+        "\n",
+        "        # --enable-verify-cuda-graph: the chain kernel serves the draft's DRAFT_EXTEND_V2 in\n",
+        "        # place of the triton extend kernel (SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream keeps it).\n",
+        "        return verify_graph_capture.draft_extend_backend_for(self.draft_model_runner, backend)\n",
+    ]
+    return lines
+
+
+def edit_eagle_worker_v2(lines: list[str], rel: str) -> list[str]:
+    i = _find(lines, "    def _draft_extend_for_decode(", 0, rel)
+    j = _find(lines, "                draft_logits_output = self.cuda_graph_runner_for_draft_extend.execute(",
+              i, rel, exact=True)
+    k = _find(lines, "                )", j, rel, exact=True)
+    if lines[j + 1:k] != ["                    forward_batch\n"]:
+        raise AnchorError(f"{rel}: expected execute(forward_batch) after line {j + 1}")
+    lines[j:k + 1] = [
+        "                from sglang.srt.model_executor.runner import verify_graph_capture\n",
+        "\n",
+        "                # --enable-verify-cuda-graph: each replay served by the chain draft-extend\n",
+        "                # backend is counted (and self-tested when the self-test is on).\n",
+        "                draft_logits_output = verify_graph_capture.execute_draft_extend(\n",
+        "                    type(self.cuda_graph_runner_for_draft_extend).execute,\n",
+        "                    self.cuda_graph_runner_for_draft_extend,\n",
+        "                    forward_batch,\n",
+        "                )\n",
     ]
     return lines
 
@@ -575,6 +622,16 @@ def build(src: Path, out: Path) -> list[Path]:
                     "The chain verify kernel reads no tree mask: build SGLang's smallest mask (bs * ndt^2)\n"
                     "instead of the full ndt * (seq_len + ndt) mask and its per-step memset.",
                     [edit("srt/speculative/eagle_worker_common.py", edit_eagle_worker_common)]),
+        (6, "eagle: chain attention for the draft extend (DRAFT_EXTEND_V2)",
+                    "With the flag on, the draft's triton draft-extend backend becomes\n"
+                    "ChainDraftExtendTritonBackend: the split-KV chain kernel with the prefix read from\n"
+                    "seq_lens - num_draft_tokens, no kv_indices built per replay, in place of the extend\n"
+                    "kernel whose cost grows with the context. Replays of the draft-extend graph it serves\n"
+                    "are counted at the call in EAGLEWorkerV2._draft_extend_for_decode, eager draft\n"
+                    "extends in ModelRunner._forward_raw; SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream keeps\n"
+                    "the extend kernel.",
+                    [edit("srt/speculative/draft_utils.py", edit_draft_utils),
+                     edit("srt/speculative/eagle_worker_v2.py", edit_eagle_worker_v2)]),
     ]
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.patch"):

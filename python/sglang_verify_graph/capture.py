@@ -41,20 +41,41 @@ def config_for(model_runner) -> Optional[VerifyGraphConfig]:
     return build_config(adapter.resolved(model_runner.server_args))
 
 
+def _holds(owner, attr: str, cls) -> bool:
+    return isinstance(getattr(owner, attr, None), cls)
+
+
 def uses_chain_backend(model_runner) -> bool:
     """Whether the model runner's attention backend is ``ChainVerifyTritonBackend``."""
-    return isinstance(getattr(model_runner, "attn_backend", None), ChainVerifyTritonBackend)
+    return _holds(model_runner, "attn_backend", ChainVerifyTritonBackend)
 
 
-def uses_chain_draft_extend_backend(model_runner) -> bool:
-    """Whether a (draft) model runner's attention backend is ``ChainDraftExtendTritonBackend``."""
-    return isinstance(getattr(model_runner, "attn_backend", None), ChainDraftExtendTritonBackend)
+def count_eager_draft_extend(model_runner) -> None:
+    """Counts one ``DRAFT_EXTEND_V2`` forward that runs eagerly (not through the draft-extend
+    graph, whose replays go through :func:`execute_draft_extend`) on a draft model runner whose
+    attention backend is ``ChainDraftExtendTritonBackend``; nothing for any other runner, or
+    when no counters are installed."""
+    counters = get_counters()
+    if counters is not None and _holds(model_runner, "attn_backend", ChainDraftExtendTritonBackend):
+        counters.count_draft_extend_eager()
 
 
-def uses_chain_draft_extend(draft_extend_runner) -> bool:
-    """Whether a draft-extend graph runner's backend is ``ChainDraftExtendTritonBackend``."""
-    return isinstance(getattr(draft_extend_runner, "draft_extend_attn_backend", None),
-                      ChainDraftExtendTritonBackend)
+def execute_draft_extend(execute: Callable, runner, forward_batch, *args, **kwargs):
+    """``execute(runner, forward_batch, *args, **kwargs)``: one replay of the draft-extend graph
+    runner ``runner`` (``EAGLEDraftExtendCudaGraphRunner.execute``, unbound), returning what it
+    returns. When ``runner``'s backend is ``ChainDraftExtendTritonBackend`` and counters are
+    installed, the replay is counted (``raw_bs`` padded to ``bs``) and passed to the runner's
+    probe (:func:`draft_extend_probe`); ``select_index`` (SGLang 0.5.23's second argument: the
+    selected row of each request) goes to the probe with the output."""
+    counters = get_counters()
+    if counters is None or not _holds(runner, "draft_extend_attn_backend", ChainDraftExtendTritonBackend):
+        return execute(runner, forward_batch, *args, **kwargs)
+    probe = draft_extend_probe(runner)
+    probe.before_execute(runner, forward_batch)
+    out = execute(runner, forward_batch, *args, **kwargs)
+    counters.count_draft_extend_replay(runner.bs, runner.raw_bs)
+    probe.after_execute(runner, forward_batch, out, args[0] if args else kwargs.get("select_index"))
+    return out
 
 
 def draft_extend_backend_for(draft_runner, backend):

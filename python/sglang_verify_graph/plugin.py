@@ -102,10 +102,8 @@ def forward_raw_hook(original: Callable, model_runner, forward_batch, *args, **k
     DRAFT_EXTEND_V2 forward of a draft served by the chain draft-extend backend (graph replays
     go through ``EAGLEDraftExtendCudaGraphRunner.execute``, never here) as an eager draft extend."""
     mode = forward_batch.forward_mode
-    if mode.is_draft_extend_v2() and _capture().uses_chain_draft_extend_backend(model_runner):
-        counters = get_counters()
-        if counters is not None:
-            counters.count_draft_extend_eager()
+    if mode.is_draft_extend_v2():
+        _capture().count_eager_draft_extend(model_runner)
         return original(model_runner, forward_batch, *args, **kwargs)
     runner = getattr(model_runner, "decode_cuda_graph_runner", None)
     counters = getattr(runner, "counters", None)
@@ -130,17 +128,7 @@ def draft_extend_execute_hook(original: Callable, runner, forward_batch, *args, 
     """AROUND ``EAGLEDraftExtendCudaGraphRunner.execute(self, forward_batch, ...)``: a replay of a
     draft-extend graph served by the chain kernel is counted (``raw_bs`` padded to ``bs``) and
     passed to the runner's probe (the self-test when it is on)."""
-    capture = _capture()
-    counters = get_counters()
-    if counters is None or not capture.uses_chain_draft_extend(runner):
-        return original(runner, forward_batch, *args, **kwargs)
-    probe = capture.draft_extend_probe(runner)
-    probe.before_execute(runner, forward_batch)
-    out = original(runner, forward_batch, *args, **kwargs)
-    counters.count_draft_extend_replay(runner.bs, runner.raw_bs)
-    # 0.5.23: execute(forward_batch, select_index) returns the selected row of each request
-    probe.after_execute(runner, forward_batch, out, args[0] if args else kwargs.get("select_index"))
-    return out
+    return _capture().execute_draft_extend(original, runner, forward_batch, *args, **kwargs)
 
 
 def build_verify_input_hook(original: Callable, *args, **kwargs):

@@ -170,9 +170,9 @@ _SPEC_FIELDS = ("positions", "num_correct_drafts", "num_accept_tokens", "extend_
 
 
 class DraftExtendProbe:
-    """What ``plugin.draft_extend_execute_hook`` calls around each replay of SGLang's draft-extend
-    graph (``EAGLEDraftExtendCudaGraphRunner.execute``) when the chain kernel serves it; every
-    method of this base does nothing."""
+    """What ``execute_draft_extend`` calls around each replay of SGLang's draft-extend graph
+    (``EAGLEDraftExtendCudaGraphRunner.execute``) when the chain kernel serves it; every method
+    of this base does nothing."""
 
     def before_execute(self, runner, forward_batch) -> None:
         """Before ``execute`` loads the batch into the runner's static buffers."""

@@ -5,8 +5,9 @@ applied with ``git apply`` (and dry-run with ``patch -p1`` where that tool exist
 edited modules must compile, and the patched tree must import and serve the flag natively:
 ``--enable-verify-cuda-graph`` parses, a conflicting setting raises the one-line error (of the
 native error type), the runner, backend, capture and edited modules import, the capture refuses a
-target whose backend the flag cannot serve, and ``ModelRunner._forward_raw`` counts a verify that
-does not replay the graph. A missing anchor must stop the script with a clear message.
+target whose backend the flag cannot serve, ``ModelRunner._forward_raw`` counts a verify that
+does not replay the graph and an eager draft extend of the chain draft-extend backend, and the
+draft's ``create_draft_extend_backend`` hands its backend to the capture's choice. A missing anchor must stop the script with a clear message.
 """
 
 import json
@@ -35,6 +36,8 @@ EDITED = [
     "srt/model_executor/model_runner.py",
     "srt/managers/scheduler.py",
     "srt/speculative/eagle_worker_common.py",
+    "srt/speculative/draft_utils.py",
+    "srt/speculative/eagle_worker_v2.py",
 ]
 NEW = [
     "kernels/ops/attention/chain_verify.py",
@@ -98,7 +101,7 @@ def applied(series):
 
 def test_series_shape(series):
     root, patches = series
-    assert len(patches) == 5
+    assert len(patches) == 6
     text = "".join(p.read_text() for p in patches)
     for rel in EDITED:
         assert f"diff --git a/sglang/{rel} b/sglang/{rel}\n" in text, rel
@@ -209,6 +212,32 @@ _DRIVER = textwrap.dedent("""
                     forward(ForwardMode.DECODE, Refusing(counters)),
                     forward(ForwardMode.TARGET_VERIFY, Refusing(None))]
     out["fallbacks"] = dict(counters.fallbacks)
+
+    # the draft side: an eager DRAFT_EXTEND_V2 of a draft served by the chain draft-extend backend
+    # is counted in _forward_raw (another backend's is not), and the factory's backend goes
+    # through the capture's choice
+    from sglang.srt.layers.attention.chain_verify_backend import ChainDraftExtendTritonBackend
+    from sglang.srt.model_executor.runner import verify_graph_counters
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    verify_graph_counters.install_counters(counters)
+    draft = SimpleNamespace(device="cuda", decode_cuda_graph_runner=None, hisparse_coordinator=None,
+                            _prepare_eager_forward_batch=eager,
+                            attn_backend=object.__new__(ChainDraftExtendTritonBackend))
+    for mr in (draft, SimpleNamespace(**{**vars(draft), "attn_backend": object()})):
+        try:
+            ModelRunner._forward_raw(mr, SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND_V2), None)
+        except Eager:
+            pass
+    out["draft_extend_eager"] = counters.draft_extend_eager
+    capture.draft_extend_backend_for = lambda runner, backend: ("chosen", runner, backend)
+    factory = SimpleNamespace(server_args=SimpleNamespace(speculative_attention_mode="prefill"),
+                              draft_model_runner="draft runner",
+                              _create_backend=lambda *a: "triton backend")
+    for name in dir(DraftBackendFactory):
+        if name.startswith("_create_") and name.endswith("_backend") and name != "_create_backend":
+            setattr(factory, name, None)
+    out["draft_extend_backend"] = list(DraftBackendFactory.create_draft_extend_backend(factory))
     print("RESULT " + json.dumps(out))
 """)
 
@@ -238,6 +267,8 @@ def test_patched_tree_serves_the_flag_natively(applied, tiny_model_dirs):
                                      "another attention backend") and "\n" not in out["refusal"]
     assert out["eager"] == ["eager", "eager", "eager"]
     assert out["fallbacks"] == {"batch_size_above_max_captured": 1}
+    assert out["draft_extend_eager"] == 1
+    assert out["draft_extend_backend"] == ["chosen", "draft runner", "triton backend"]
 
 
 @pytest.mark.parametrize("rel, old, new, message", [
