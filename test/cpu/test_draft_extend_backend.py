@@ -16,6 +16,8 @@ from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph.env import ENV_DRAFT_EXTEND, read_env
 from sglang_verify_graph.errors import VerifyGraphConfigError
 
+from conftest import chain_backend_stub
+
 CFG = VerifyGraphConfig(num_steps=2, num_draft_tokens=3, topk=1, speculative_algorithm="EAGLE3",
                         attention_backend="triton", page_size=1, max_running_requests=None,
                         num_kv_splits=None, log_every=0)
@@ -25,28 +27,6 @@ def _mode(name):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     return getattr(ForwardMode, name)
-
-
-def _backend(cls, h=4, kvh=2, d=16, ndt=3, bs=2):
-    """A chain backend with the state ``forward_extend`` reads (no model runner)."""
-    from sgl_verify_kernel import ChainVerifyShape
-
-    backend = cls.__new__(cls)
-    kbuf = torch.zeros(64, kvh, d)
-    backend.token_to_kv_pool = SimpleNamespace(get_key_buffer=lambda i: kbuf,
-                                               get_value_buffer=lambda i: kbuf)
-    backend.req_to_token = torch.zeros(4, 32, dtype=torch.int32)
-    backend.chain_shape = ChainVerifyShape(h, kvh, d, d, ndt)
-    backend._chain_meta = cb.ChainMetadata(torch.zeros(bs, dtype=torch.int64),
-                                           torch.full((bs,), 5, dtype=torch.int64), 1,
-                                           torch.empty(4096), torch.empty(256))
-    backend._set_kv_buffer = lambda *a, **k: None
-    layer = SimpleNamespace(
-        layer_id=0, tp_q_head_num=h, qk_head_dim=d, v_head_dim=d, scaling=d ** -0.5,
-        sliding_window_size=-1, is_cross_attention=False, xai_temperature_len=-1,
-        logit_cap=0.0, logit_capping_method="tanh", k_scale=None, k_scale_float=1.0, v_scale_float=1.0)
-    q, k = torch.randn(bs * ndt, h * d), torch.randn(bs * ndt, kvh, d)
-    return backend, layer, q, k
 
 
 @pytest.fixture
@@ -74,7 +54,7 @@ def test_each_backend_serves_its_mode_with_its_seq_lens(kernel_calls, upstream_c
     """TARGET_VERIFY's ``seq_lens`` are the prefix; DRAFT_EXTEND_V2's already include the chain
     (prefix + num_draft_tokens), so the draft-extend backend must tell the kernel so: without it
     every draft-extend row would see ``num_draft_tokens`` keys past its own position."""
-    backend, layer, q, k = _backend(cls)
+    backend, layer, q, k = chain_backend_stub(cls)
     backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode(mode)))
     assert upstream_calls == []
     assert [c["seq_lens_include_chain"] for c in kernel_calls] == [include_chain]
@@ -88,14 +68,14 @@ def test_each_backend_serves_its_mode_with_its_seq_lens(kernel_calls, upstream_c
 ], ids=["verify-backend/draft-extend", "verify-backend/extend", "draft-extend-backend/verify",
         "draft-extend-backend/extend"])
 def test_every_other_mode_is_upstream(kernel_calls, upstream_calls, cls, other):
-    backend, layer, q, k = _backend(cls)
+    backend, layer, q, k = chain_backend_stub(cls)
     backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode(other)))
     assert kernel_calls == [] and upstream_calls == ["upstream"]
 
 
 def test_reference_switch_serves_draft_extend_with_upstream(kernel_calls, upstream_calls):
     """The self-test's independent reference: SGLang's own DRAFT_EXTEND_V2 attention."""
-    backend, layer, q, k = _backend(cb.ChainDraftExtendTritonBackend)
+    backend, layer, q, k = chain_backend_stub(cb.ChainDraftExtendTritonBackend)
     backend.reference = True
     backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode("DRAFT_EXTEND_V2")))
     assert kernel_calls == [] and upstream_calls == ["upstream"]
