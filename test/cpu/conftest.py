@@ -150,6 +150,24 @@ def gpu_job_dry(tmp_path):
     return run
 
 
+def forward_mode(name: str):
+    """SGLang's ``ForwardMode.<name>``."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return getattr(ForwardMode, name)
+
+
+def chain_config(**overrides):
+    """A resolved ``VerifyGraphConfig`` for the chain backends' CPU tests: EAGLE3, triton, top-k 1,
+    num_steps 2 (3 draft tokens, as :func:`chain_backend_stub`), page size 1."""
+    from sglang_verify_graph.config import VerifyGraphConfig
+
+    return VerifyGraphConfig(**{
+        "num_steps": 2, "num_draft_tokens": 3, "topk": 1, "speculative_algorithm": "EAGLE3",
+        "attention_backend": "triton", "page_size": 1, "max_running_requests": None,
+        "num_kv_splits": None, "log_every": 0, **overrides})
+
+
 def chain_backend_stub(cls, h=4, kvh=2, d=16, ndt=3, bs=2, **layer_fields):
     """``(backend, layer, q, k)``: a chain backend of class ``cls`` (``chain_backend``) with the
     state ``forward_extend`` reads and no model runner (a 64-slot K/V pool of zeros, prefix 5 per

@@ -13,14 +13,11 @@ import torch
 
 from sglang_verify_graph import chain_backend as cb
 from sglang_verify_graph import sglang_adapter as adapter
-from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph.errors import VerifyGraphConfigError
 
-from conftest import chain_backend_stub
+from conftest import chain_backend_stub, chain_config, forward_mode
 
-CFG = VerifyGraphConfig(num_steps=2, num_draft_tokens=3, topk=1, speculative_algorithm="EAGLE3",
-                        attention_backend="triton", page_size=1, max_running_requests=None,
-                        num_kv_splits=None, log_every=0)
+CFG = chain_config()
 FIXES = {cb.ChainVerifyTritonBackend: "remove --enable-verify-cuda-graph for this model",
          cb.ChainDraftExtendTritonBackend: "set SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream"}
 BACKENDS = list(FIXES)
@@ -91,13 +88,11 @@ SERVED = {cb.ChainVerifyTritonBackend: "TARGET_VERIFY", cb.ChainDraftExtendTrito
 
 
 def _forward(cls, monkeypatch, sinks=None, score_mod=None, fresh_kv=True, **layer_fields):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     monkeypatch.setattr(cb.adapter, "kv_write_loc", lambda *a, **k: None)
     calls = []
     monkeypatch.setattr(cb, "chain_verify_attention_fwd", lambda *a, **k: calls.append(a))
     backend, layer, q, k = chain_backend_stub(cls, **layer_fields)
-    fb = SimpleNamespace(forward_mode=getattr(ForwardMode, SERVED[cls]))
+    fb = SimpleNamespace(forward_mode=forward_mode(SERVED[cls]))
     v = k.clone() if fresh_kv else None
     backend.forward_extend(q, k, v, layer, fb, sinks=sinks, score_mod=score_mod)
     return calls

@@ -12,21 +12,12 @@ import torch
 from sglang_verify_graph import capture, plugin
 from sglang_verify_graph import chain_backend as cb
 from sglang_verify_graph import counters as C
-from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph.env import ENV_DRAFT_EXTEND, read_env
 from sglang_verify_graph.errors import VerifyGraphConfigError
 
-from conftest import chain_backend_stub
+from conftest import chain_backend_stub, chain_config, forward_mode as _mode
 
-CFG = VerifyGraphConfig(num_steps=2, num_draft_tokens=3, topk=1, speculative_algorithm="EAGLE3",
-                        attention_backend="triton", page_size=1, max_running_requests=None,
-                        num_kv_splits=None, log_every=0)
-
-
-def _mode(name):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    return getattr(ForwardMode, name)
+CFG = chain_config()
 
 
 @pytest.fixture
@@ -123,8 +114,7 @@ def test_draft_gets_the_chain_backend_with_the_flag_on(monkeypatch, built):
 def test_draft_keeps_its_backend_otherwise(monkeypatch, built, case):
     made, _ = built
     C.install_counters(C.VerifyCounters())
-    cfg = {"flag-off": None, "upstream-chosen": CFG.__class__(**{**CFG.__dict__,
-           "draft_extend_attention": "upstream"})}.get(case, CFG)
+    cfg = {"flag-off": None, "upstream-chosen": chain_config(draft_extend_attention="upstream")}.get(case, CFG)
     monkeypatch.setattr(capture, "config_for", lambda mr: cfg)
     backend = _upstream_triton() if case != "not-exactly-triton" else SimpleNamespace()
     assert capture.draft_extend_backend_for(object(), backend) is backend

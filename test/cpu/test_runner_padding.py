@@ -16,6 +16,8 @@ from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.buffers import PAD_TOKEN_ID
 from sglang_verify_graph.runner import VerifyCudaGraphRunner
 
+from conftest import forward_mode as _mode
+
 WIDTH, CAPTURE_BS, STALE = 4, (1, 2, 4, 8), 777
 
 
@@ -34,12 +36,6 @@ class RecordingProbe:
 
     def after_replay(self, runner, forward_batch, graph_out):
         self.calls.append("after_replay")
-
-
-def _mode(name):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    return getattr(ForwardMode, name)
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ edited modules must compile, and the patched tree must import and serve the flag
 native error type), the runner, backend, capture and edited modules import, the capture refuses a
 target whose backend the flag cannot serve, ``ModelRunner._forward_raw`` counts a verify that
 does not replay the graph and an eager draft extend of the chain draft-extend backend, and the
-draft's ``create_draft_extend_backend`` hands its backend to the capture's choice. A missing anchor must stop the script with a clear message.
+draft's ``create_draft_extend_backend`` hands its backend to the capture's choice. A missing
+anchor must stop the script with a clear message.
 """
 
 import json
