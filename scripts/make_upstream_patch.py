@@ -148,10 +148,16 @@ def _native_config(text: str) -> str:
                          'ATTR_ENABLE = "enable_verify_cuda_graph"', "verify_graph_config")
 
 
-def _native_backend(text: str) -> str:
-    text = _replace_line(text, "class _ChainTritonBackend(adapter.triton_attn_backend_cls()):",
-                         "class _ChainTritonBackend(TritonAttnBackend):", "chain_verify_backend")
+def _name_triton_backend(text: str, line: str, module: str) -> str:
+    """``text`` with ``line``'s ``adapter.triton_attn_backend_cls()`` replaced by SGLang's
+    ``TritonAttnBackend`` (natively the class is imported, not looked up), and that import."""
+    text = _replace_line(text, line, line.replace("adapter.triton_attn_backend_cls()", "TritonAttnBackend"), module)
     return _add_import(text, "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend")
+
+
+def _native_backend(text: str) -> str:
+    return _name_triton_backend(text, "class _ChainTritonBackend(adapter.triton_attn_backend_cls()):",
+                                "chain_verify_backend")
 
 
 def _native_runner(text: str) -> str:
@@ -166,9 +172,8 @@ def _native_capture(text: str) -> str:
     text = drop_definitions(text, "verify_graph_capture", "verify_runner_cls_0523")
     if not re.search(r"\bfunctools\.", text):
         text = _replace_line(text, "import functools\n", "", "verify_graph_capture")
-    text = _replace_line(text, "    if type(backend) is not adapter.triton_attn_backend_cls():",
-                         "    if type(backend) is not TritonAttnBackend:", "verify_graph_capture")
-    return _add_import(text, "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend")
+    return _name_triton_backend(text, "    if type(backend) is not adapter.triton_attn_backend_cls():",
+                                "verify_graph_capture")
 
 
 def _add_import(text: str, line: str) -> str:
