@@ -64,6 +64,7 @@ import datetime
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import subprocess
@@ -343,7 +344,8 @@ def format_table(rows, meta) -> str:
 
 def _mode_status(res) -> str:
     if not res or not res.get("ok"):
-        return f"FAILED ({(res or {}).get('error', 'no result')})"
+        kept = f", {len(res['phases'])} finished points kept from its log" if (res or {}).get("partial") else ""
+        return f"FAILED ({(res or {}).get('error', 'no result')}){kept}"
     p = res.get("plugin_after") or {}
     s = f"ok, startup {res['startup_s']}s"
     if p:
@@ -457,6 +459,8 @@ def run_parent(a) -> int:
         t0 = time.time()
         rc = run_logged(cmd, log, a.mode_timeout, child)
         res = json.load(open(jf)) if os.path.exists(jf) else {"mode": mode, "ok": False}
+        if not res.get("phases"):  # killed (timeout, OOM): keep the points it finished
+            res.update(phases_from_log(log))
         if rc != 0 and res.get("ok") is not True:
             tail = open(log, errors="replace").read().splitlines()[-25:]
             res.setdefault("error", f"rc={rc}; " + " | ".join(ln for ln in tail if "rror" in ln)[-600:])
@@ -476,6 +480,112 @@ def run_parent(a) -> int:
     if a.require_replays and not bad:
         print("BENCH require-replays ok: every ours engine replayed every verify step, no fallback", flush=True)
     return finish(0 if all(m.get("ok") for m in modes.values()) and not bad else 1)
+
+
+def phases_from_log(log_path: str) -> dict:
+    """What a mode's log holds of its result when the child wrote none (killed at
+    ``--mode-timeout``, or by the OOM killer): ``{"phases": [...], "partial": True}`` from its
+    ``BENCH phase`` lines (the points it finished, each printed once measured), with
+    ``startup_s`` and ``engine_kwargs`` from their lines when present; ``{}`` when the log has no
+    phase line (or cannot be read)."""
+    phases, out = [], {}
+    try:
+        lines = open(log_path, errors="replace").read().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        if line.startswith("BENCH phase "):
+            phases.append(json.loads(line[len("BENCH phase "):]))
+        elif line.startswith("BENCH engine_kwargs "):
+            out["engine_kwargs"] = json.loads(line[len("BENCH engine_kwargs "):])
+        elif line.startswith("BENCH startup ") and line.endswith("s"):
+            out["startup_s"] = float(line[len("BENCH startup "):-1])
+    return dict(out, phases=phases, partial=True) if phases else {}
+
+
+class MergeError(ValueError):
+    """``--merge`` inputs that cannot form one table (message: one line naming the input and fix)."""
+
+
+def merge_runs(paths: list) -> tuple:
+    """Rebuild one result from earlier runs on one machine: ``--out`` JSON files (their
+    ``modes``) and mode logs ``bench_<key>.log`` (their ``BENCH phase`` lines, for a mode killed
+    before it wrote its JSON). A mode with no phases in a JSON file is taken from a log given
+    beside it. Returns ``(args, modes, meta)`` for ``build_rows`` / ``format_table``: contexts and
+    batch sizes are the union of every mode's points, ``meta["merged_from"]`` lists each input
+    (path, and for a JSON its command and date). Raises ``MergeError`` when two inputs hold the
+    same mode with phases, when the models or the num_steps sets differ, or when an input is
+    neither."""
+    modes, sources, metas, log_capture = {}, [], [], {}
+    for path in paths:
+        base = os.path.basename(path)
+        if path.endswith(".json"):
+            try:
+                data = json.load(open(path))
+                got, m = data["modes"], data["meta"]
+            except (OSError, ValueError, KeyError) as ex:
+                raise MergeError(f"--merge {path}: not a bench_verify.py --out file ({type(ex).__name__}); "
+                                 "give the --out JSON or a bench_<mode>.log") from None
+            metas.append(m)
+            sources.append({"path": base, "command": m.get("command"), "date": m.get("date"),
+                            "mode_status": m.get("mode_status", {})})
+        elif re.fullmatch(r"bench_.+\.log", base):
+            key = base[len("bench_"):-len(".log")]
+            got = {key: dict(phases_from_log(path), ok=False, mode=key.split("@")[0], error="no JSON")}
+            log_capture[key] = target_capture(path)
+            sources.append({"path": base, "from_log": True})
+        else:
+            raise MergeError(f"--merge {path}: neither a .json --out file nor a bench_<mode>.log; "
+                             "give one of those")
+        for key, res in got.items():
+            if not res.get("phases"):
+                modes.setdefault(key, res)  # a failed mode: its status only, unless a log fills it
+                continue
+            if modes.get(key, {}).get("phases"):
+                raise MergeError(f"--merge: mode {key} has points in two inputs ({base} and an earlier "
+                                 "one); give each mode once")
+            if key in modes and modes[key].get("error"):  # a failed mode's status, filled from its log
+                res = dict(res, error=modes[key]["error"])
+            modes[key] = res
+    models = {m.get("model") for m in metas} - {None}
+    if len(models) > 1:
+        raise MergeError(f"--merge: the inputs ran different models {sorted(models)}; merge runs of one model")
+    steps = {r.get("engine_kwargs", {}).get("speculative_num_steps") for r in modes.values()} - {None}
+    keyed = any("@" in k for k in modes)
+    if len(steps) > 1 and not keyed:
+        raise MergeError(f"--merge: modes ran num_steps {sorted(steps)} under plain keys; "
+                         "merge one num_steps at a time")
+    pts = [(ph["context"], ph["bs"]) for r in modes.values() for ph in r.get("phases", [])]
+    a = argparse.Namespace(model=(models or {"?"}).pop(), contexts=sorted({c for c, _ in pts}),
+                           batch_sizes=sorted({b for _, b in pts}),
+                           steps_list=sorted(steps) or [1], modes=[m for m in MODES if m in modes])
+    first = metas[0] if metas else {}
+    meta = {"model": a.model, "hardware": first.get("hardware", "?"), "versions": first.get("versions", {}),
+            "plain_twice": "plain_end" in modes, "command": shlex.join([sys.executable] + sys.argv),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "flags": f"merged: contexts={a.contexts} batch_sizes={a.batch_sizes} steps={a.steps_list}",
+            "merged_from": sources, "capture": {}, "mode_status": {}}
+    for m in metas:
+        meta["capture"].update({k: v for k, v in m.get("capture", {}).items() if k in modes and v})
+    meta["capture"].update({k: v for k, v in log_capture.items() if v})
+    for key, res in modes.items():
+        meta["mode_status"][key] = _mode_status(res)
+    return a, modes, meta
+
+
+def run_merge(a) -> int:
+    """``--merge``: write ``--out`` and print the table from earlier runs; 2 with one line on bad input."""
+    try:
+        ma, modes, meta = merge_runs(a.merge)
+    except MergeError as ex:
+        print(f"bench_verify.py: {ex}", file=sys.stderr)
+        return 2
+    rows = build_rows(ma, modes)
+    with open(a.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows, "modes": modes}, f, indent=1)
+    print(format_table(rows, meta), flush=True)
+    print(f"RESULT merged {len(a.merge)} inputs into {a.out}", flush=True)
+    return 0
 
 
 def profile_lines(log_path: str) -> list:
@@ -544,6 +654,9 @@ def parse_args(argv=None):
     ap.add_argument("--log-dir", default=None, help="child logs + JSON (default: <out dir>/bench_logs)")
     ap.add_argument("--quick", action="store_true", help="smoke: llama-small, context 1024, bs 1, 32 tokens")
     ap.add_argument("--dry-run", action="store_true", help="print the Engine kwargs per mode (makes models) and exit")
+    ap.add_argument("--merge", nargs="+", metavar="FILE",
+                    help="run nothing: one table and --out from earlier runs' --out JSON files and mode logs "
+                         "(bench_<mode>.log, for a mode killed before it wrote its JSON)")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -571,6 +684,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.merge:
+        return run_merge(a)
     if a.dry_run:
         if not a.child:  # the engines run_parent would start, in order
             runs = [mode_key(a, m, k) for k in a.steps_list for m in a.modes if m != "plain" or k == a.steps_list[0]]

@@ -1,0 +1,137 @@
+"""CPU tier: benchmark/bench_verify.py keeps the points a killed mode finished (its ``BENCH phase``
+log lines) and ``--merge`` rebuilds one table from earlier runs' JSON files and mode logs, refusing
+inputs that cannot form one table with one line."""
+
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+import bench_verify as bv  # noqa: E402
+
+
+def _phase(ctx, bs, decode=None, verify=None):
+    roles = {}
+    if decode is not None:
+        roles["target_decode"] = {"gpu_ms": decode}
+    if verify is not None:
+        roles["target_verify"] = {"gpu_ms": verify, "classes": ["VerifyCudaGraphRunner"]}
+    return {"context": ctx, "bs": bs, "e2e_ms_per_step": 1.0, "roles": roles}
+
+
+def _log(path, phases, steps=3, startup=30.5):
+    lines = ["[2026-12-02 09:43:05] server_args=...",
+             "BENCH engine_kwargs " + json.dumps({"model_path": "m", "speculative_num_steps": steps}),
+             f"BENCH startup {startup}s"]
+    lines += ["BENCH phase " + json.dumps(p) for p in phases]
+    lines.append("[2026-12-02 09:49:35] Prefill batch, #new-seq: 1, #new-token: 8192")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _result(path, modes, model="kimi-k25-shard"):
+    meta = {"model": model, "hardware": "H200", "versions": {"sglang": "0.5.16"}, "command": "bench",
+            "date": "2026-12-02T09:42:30", "mode_status": {}, "capture": {}}
+    path.write_text(json.dumps({"meta": meta, "rows": [], "modes": modes}))
+    return str(path)
+
+
+def test_phases_from_log(tmp_path):
+    log = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=13.3), _phase(1024, 4, verify=16.4)])
+    got = bv.phases_from_log(log)
+    assert [(p["context"], p["bs"]) for p in got["phases"]] == [(1024, 1), (1024, 4)]
+    assert got["partial"] is True and got["startup_s"] == 30.5
+    assert got["engine_kwargs"]["speculative_num_steps"] == 3
+    (tmp_path / "empty.log").write_text("Traceback (most recent call last):\n")
+    assert bv.phases_from_log(str(tmp_path / "empty.log")) == {}
+    assert bv.phases_from_log(str(tmp_path / "missing.log")) == {}
+
+
+def test_a_timed_out_mode_keeps_its_finished_points(tmp_path, monkeypatch, capsys):
+    """The ``ours`` engine is killed at ``--mode-timeout`` after one of two points: its row keeps
+    the measured verify (from the log), the status says so, the unfinished point stays empty."""
+
+    def fake_run_logged(cmd, log, timeout, child):
+        mode, jf = cmd[cmd.index("--child") + 1], cmd[cmd.index("--child-out") + 1]
+        if mode == "ours":
+            _log(__import__("pathlib").Path(log), [_phase(1024, 1, verify=13.287)])
+            return "timeout"
+        open(log, "w").close()
+        phases = [_phase(1024, bs, decode=15.3 if mode == "plain" else None,
+                         verify=26.71 if mode == "upstream" else None) for bs in (1, 4)]
+        with open(jf, "w") as f:
+            json.dump({"mode": mode, "ok": True, "startup_s": 1.0, "phases": phases}, f)
+        return 0
+
+    monkeypatch.setattr(bv, "run_logged", fake_run_logged)
+    monkeypatch.setattr(bv, "model_paths", lambda a: (None, None))
+    monkeypatch.setattr(bv, "_hardware", lambda: "stand-in")
+    monkeypatch.setattr(bv, "_versions", lambda: {})
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["bench_verify.py", "--contexts", "1024", "--batch-sizes", "1,4",
+                                      "--out", str(out), "--log-dir", str(tmp_path / "logs")])
+    assert bv.main() == 1  # a mode failed: the run still fails
+    data = json.loads(out.read_text())
+    r1, r4 = data["rows"]
+    assert r1["ours_verify_ms"] == 13.287 and r1["ours_verify_per_decode"] == round(13.287 / 15.3, 3)
+    assert r4["ours_verify_ms"] is None and r4["upstream_verify_ms"] == 26.71
+    assert data["meta"]["mode_status"]["ours"].startswith("FAILED (rc=timeout")
+    assert "1 finished points kept from its log" in data["meta"]["mode_status"]["ours"]
+
+
+def test_merge_a_run_a_killed_modes_log_and_a_later_baseline(tmp_path, capsys):
+    """The shard sweep's case: ours and upstream in one run (ours killed after its points), plain in
+    a second invocation; the merged rows divide by the plain run's decode."""
+    first = _result(tmp_path / "sweep.json", {
+        "ours": {"mode": "ours", "ok": False, "error": "rc=timeout; "},
+        "upstream": {"mode": "upstream", "ok": True, "startup_s": 49.0,
+                     "engine_kwargs": {"speculative_num_steps": 3},
+                     "phases": [_phase(1024, 1, verify=26.71), _phase(16384, 32, verify=304.5)]}})
+    log = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=13.287)])
+    plain = _result(tmp_path / "plain.json", {
+        "plain": {"mode": "plain", "ok": True, "startup_s": 30.7, "phases": [_phase(1024, 1, decode=15.3)]}})
+    out = tmp_path / "merged.json"
+    assert bv.main(["--merge", first, log, plain, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = {(r["context"], r["bs"]): r for r in data["rows"]}
+    assert set(rows) == {(1024, 1), (1024, 32), (16384, 1), (16384, 32)}  # the union of the points
+    assert rows[(1024, 1)]["ours_per_upstream_verify"] == round(13.287 / 26.71, 3)
+    assert rows[(1024, 1)]["upstream_verify_per_decode"] == round(26.71 / 15.3, 3)
+    assert rows[(16384, 32)]["upstream_verify_ms"] == 304.5 and rows[(16384, 32)]["decode_ms"] is None
+    meta = data["meta"]
+    assert [s["path"] for s in meta["merged_from"]] == ["sweep.json", "bench_ours.log", "plain.json"]
+    assert meta["mode_status"]["ours"] == "FAILED (rc=timeout; ), 1 finished points kept from its log"
+    assert "RESULT merged 3 inputs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case, fix", [
+    ("twice", "give each mode once"),
+    ("models", "merge runs of one model"),
+    ("steps", "merge one num_steps at a time"),
+    ("other", "neither a .json --out file nor a bench_<mode>.log"),
+    ("badjson", "not a bench_verify.py --out file"),
+])
+def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
+    up = {"mode": "upstream", "ok": True, "startup_s": 1.0, "engine_kwargs": {"speculative_num_steps": 3},
+          "phases": [_phase(1024, 1, verify=2.0)]}
+    a = _result(tmp_path / "a.json", {"upstream": up})
+    if case == "twice":
+        b = _result(tmp_path / "b.json", {"upstream": up})
+    elif case == "models":
+        b = _result(tmp_path / "b.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 1.0,
+                                                    "phases": [_phase(1024, 1, decode=1.0)]}}, model="llama-8b")
+    elif case == "steps":
+        b = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=1.0)], steps=2)
+    elif case == "other":
+        b = str(tmp_path / "notes.txt")
+        open(b, "w").close()
+    else:
+        b = str(tmp_path / "b.json")
+        open(b, "w").write("{")
+    assert bv.main(["--merge", a, b, "--out", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench_verify.py: --merge") and fix in err[0]
+    assert not (tmp_path / "m.json").exists()
