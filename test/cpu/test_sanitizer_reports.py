@@ -105,13 +105,16 @@ def test_gpu_job_fails_a_sanitizer_stage_without_summary(tmp_path, no_summary):
 
 
 # A stand-in for compute-sanitizer: runs its arguments as a child and writes its summary only when
-# the child has exited (as the real frontend does); SIGKILL leaves the banner alone.
+# the child has exited (as the real frontend does), after a second of report work, so that a
+# SIGKILL that follows the child's (kill_process_tree kills children first) leaves the banner alone
+# however the two kills are scheduled.
 _FAKE_WRAPPER = textwrap.dedent("""
-    import subprocess, sys
+    import subprocess, sys, time
     log = sys.argv[1]
     with open(log, "w") as f:
         f.write("========= COMPUTE-SANITIZER\\n"); f.flush()
         rc = subprocess.call(sys.argv[2:])
+        time.sleep(1.0)
         f.write(f"========= ERROR SUMMARY: 0 errors\\n")
     sys.exit(rc)
 """)
