@@ -39,7 +39,14 @@ TOML
 cd "$W"
 # subprocesses the tests start (a fresh interpreter through load_plugins) import the mutants too
 export PYTHONPATH=$W/mutants/src${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -m mutmut run --max-children "${MUTATION_CHILDREN:-2}" || true
+# the interpreter imported sglang_verify_graph at startup (this project's serve-help .pth), before
+# mutants/src existed: drop it so that the tests import the mutants (mutmut puts mutants/src first)
+"$PY" -c 'import sys
+for m in [m for m in sys.modules if m.split(".")[0] == "sglang_verify_graph"]:
+    del sys.modules[m]
+from mutmut.__main__ import cli
+sys.argv = ["mutmut", "run", "--max-children", sys.argv[1]]
+cli()' "${MUTATION_CHILDREN:-2}" || true
 "$PY" -m mutmut results --all true > "$W/results.txt" 2>&1 || "$PY" -m mutmut results > "$W/results.txt" 2>&1 || true
 cat "$W/results.txt"
 "$PY" - "$W/results.txt" <<'PYEOF'
