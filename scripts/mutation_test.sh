@@ -7,9 +7,10 @@
 #   bash scripts/mutation_test.sh [module ...]      # default: the six policy modules
 #   MUTATION_DIR=/tmp/verify_graph_mutation PYTHON=.venv/bin/python MUTATION_CHILDREN=2
 #
-# Prints mutmut's result per mutant and one closing line: killed / total. Survivors and their
-# reasons: docs/testing.md ("Mutation testing"). Takes tens of minutes on 2 cores (CPU tier tests
-# per mutant: those that reach the mutated function). Needs mutmut 3 (pip install mutmut).
+# Prints mutmut's result per mutant and one closing line: killed / total. Needs mutmut 3 (pip
+# install mutmut); the stats run alone is one CPU tier (~10 min on 2 cores).
+# Status: with mutmut 3.8.1 the stats run records no test reaching any mutant ("could not find any
+# test case for any mutant") and mutmut stops; this script then exits non-zero. No score yet.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
@@ -46,7 +47,7 @@ for m in [m for m in sys.modules if m.split(".")[0] == "sglang_verify_graph"]:
     del sys.modules[m]
 from mutmut.__main__ import cli
 sys.argv = ["mutmut", "run", "--max-children", sys.argv[1]]
-cli()' "${MUTATION_CHILDREN:-2}" || true
+cli()' "${MUTATION_CHILDREN:-2}"
 "$PY" -m mutmut results --all true > "$W/results.txt" 2>&1 || "$PY" -m mutmut results > "$W/results.txt" 2>&1 || true
 cat "$W/results.txt"
 "$PY" - "$W/results.txt" <<'PYEOF'

@@ -4,6 +4,7 @@ inputs that cannot form one table with one line."""
 
 import json
 import os
+import pathlib
 import sys
 
 import pytest
@@ -57,7 +58,7 @@ def test_a_timed_out_mode_keeps_its_finished_points(tmp_path, monkeypatch, capsy
     def fake_run_logged(cmd, log, timeout, child):
         mode, jf = cmd[cmd.index("--child") + 1], cmd[cmd.index("--child-out") + 1]
         if mode == "ours":
-            _log(__import__("pathlib").Path(log), [_phase(1024, 1, verify=13.287)])
+            _log(pathlib.Path(log), [_phase(1024, 1, verify=13.287)])
             return "timeout"
         open(log, "w").close()
         phases = [_phase(1024, bs, decode=15.3 if mode == "plain" else None,
