@@ -16,12 +16,18 @@ absorbed MLA (8 q heads, 1 latent head, Dk 576 = 512 + rope 64, Dv 512).
 
   python3 benchmark/bench_chain_kernel.py [--contexts 1024 8192] [--bs 1 8] [--ndt 3] [--out f.json]
       [--block-rows 16 32]   # also time ours with BLOCK_R forced (the row-block A/B; same inputs)
+  python3 benchmark/bench_chain_kernel.py --tune --shapes kimi_tp8_mla --contexts 1024 4096 16384 \
+      --bs 1 4 8 16 32 --ndt 3 4 --out tune.json
+      # launch-setting search for ours: every candidate of TUNE_GRID at the --focus points, then the
+      # best --top of them and the policy at every point; same inputs, outputs checked against the
+      # policy's (max abs difference), decode's time beside each point
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import torch
 import triton
@@ -35,8 +41,8 @@ SHAPES = {
 }
 
 
-def bench(fn) -> float:
-    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+def bench(fn, rep: int = 100) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
 
 
 def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
@@ -127,6 +133,159 @@ def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
     return dict(shape=name, ctx=ctx, bs=bs, ndt=ndt, **res)
 
 
+# The tuning search: KV-split policy (programs per SM, split cap) x stage-1 launch settings.
+TUNE_GRID = dict(pps=(2, 4, 8), max_splits=(256,), BLOCK_N=(16, 32, 64), num_warps=(4, 8),
+                 num_stages=(1, 2), V_FROM_K=(False, True))
+POLICY = {}  # the kernel's own choices (empty: no override)
+
+
+def tune_candidates(v_from_k_ok: bool) -> list[dict]:
+    keys = list(TUNE_GRID)
+    out = [dict()]
+    for k in keys:
+        vals = TUNE_GRID[k] if (k != "V_FROM_K" or v_from_k_ok) else (False,)
+        out = [dict(c, **{k: v}) for c in out for v in vals]
+    return out
+
+
+def cfg_name(c: dict) -> str:
+    if not c:
+        return "policy"
+    return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in c.items())
+
+
+def make_inputs(s, ctx, bs, ndt, device="cuda"):
+    """The same KV pool / page table / q as ``run_point`` (seeded by ctx + bs)."""
+    torch.manual_seed(ctx + bs)
+    h, kvh, dk, dv, rope = s["h"], s["kvh"], s["dk"], s["dv"], s["rope"]
+    dt = torch.bfloat16
+    slots = bs * (ctx + ndt) + 1
+    k_buf = torch.randn(slots, kvh, dk, device=device, dtype=dt)
+    v_buf = k_buf[..., :dv] if rope else torch.randn(slots, kvh, dv, device=device, dtype=dt)
+    perm = torch.randperm(slots - 1, device=device) + 1
+    r2t = perm.view(-1)[: bs * (ctx + ndt)].view(bs, ctx + ndt).to(torch.int32).contiguous()
+    rpi = torch.arange(bs, device=device, dtype=torch.int64)
+    seq = torch.full((bs,), ctx, device=device, dtype=torch.int64)
+    q = torch.randn(bs * ndt, h, dk, device=device, dtype=dt)
+    return k_buf, v_buf, r2t, rpi, seq, q
+
+
+def time_config(s, inputs, ndt, cfg, sms, device="cuda", rep=100):
+    """(ms, splits, output) of ours with the tuning config ``cfg``; (None, splits, error) when it
+    does not build or launch on this device."""
+    k_buf, v_buf, r2t, rpi, seq, q = inputs
+    bs, h, dv = rpi.shape[0], s["h"], s["dv"]
+    shape = ChainVerifyShape(h, s["kvh"], s["dk"], dv, ndt, s["rope"])
+    cfg = dict(cfg)
+    pps, cap = cfg.pop("pps", None), cfg.pop("max_splits", None)
+    kw = {}
+    if pps:
+        kw["programs_per_sm"] = pps
+    if cap:
+        kw["max_splits"] = cap
+    ns = choose_num_kv_splits(shape, bs, sms, **kw)
+    n_out, n_lse = workspace_numel(shape, bs, ns)
+    ao, al = torch.empty(n_out, device=device), torch.empty(n_lse, device=device)
+    o = torch.empty(bs * ndt, h, dv, device=device, dtype=torch.bfloat16)
+    f = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, seq, shape, ns, s["dk"] ** -0.5,
+                                           ao, al, stage1_overrides=cfg or None)
+    try:
+        f()
+        torch.cuda.synchronize()
+        return bench(f, rep), ns, o
+    except Exception as e:  # OutOfResources etc.: reported, not hidden
+        return None, ns, f"{type(e).__name__}: {e}"[:160]
+
+
+def decode_ms(s, inputs, ndt, device="cuda"):
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.srt.layers.attention.triton_backend import _mla_decode_kv_splits_cap
+
+    k_buf, v_buf, r2t, rpi, seq, q = inputs
+    bs, h, dk, dv, rope = rpi.shape[0], s["h"], s["dk"], s["dv"], s["rope"]
+    ctx = int(seq[0])
+    max_splits = _mla_decode_kv_splits_cap(8, 132, 32768) if rope else 8
+    d_indptr = torch.arange(0, (bs + 1) * (ctx + 1), ctx + 1, device=device, dtype=torch.int32)
+    d_indices = r2t[:, :ctx + 1].reshape(-1).long().contiguous()
+    qd = q.view(bs, ndt, h, dk)[:, 0].contiguous()
+    od = torch.empty(bs, h, dv, device=device, dtype=q.dtype)
+    logits = torch.empty(bs, h, max_splits, dv, device=device, dtype=torch.float32)
+    lse = torch.empty(bs, h, max_splits, device=device, dtype=torch.float32)
+    nsp = torch.full((bs,), max_splits, device=device, dtype=torch.int32)
+    f = lambda: decode_attention_fwd(qd, k_buf, v_buf, od, d_indptr, d_indices, logits, lse, nsp, max_splits,
+                                     dk ** -0.5, 1.0, 1.0, has_mla=bool(rope))
+    f()
+    return bench(f)
+
+
+def run_tune(a):
+    """The tuning search (see the module docstring); returns the JSON record."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    focus = [tuple(int(x) for x in f.split(":")) for f in a.focus]  # ctx:bs:ndt
+    rec = {"grid": {k: list(v) for k, v in TUNE_GRID.items()}, "focus": focus, "phase_a": [], "phase_b": []}
+    for name in a.shapes:
+        s = SHAPES[name]
+        cands = tune_candidates(v_from_k_ok=bool(s["rope"]))
+        scores = {cfg_name(c): [] for c in cands}
+        for ctx, bs, ndt in focus:
+            inp = make_inputs(s, ctx, bs, ndt)
+            t_pol, ns_pol, o_pol = time_config(s, inp, ndt, POLICY, sms)
+            for c in cands:
+                t, ns, o = time_config(s, inp, ndt, c, sms, rep=40)
+                row = dict(shape=name, ctx=ctx, bs=bs, ndt=ndt, cfg=cfg_name(c), ms=t, splits=ns,
+                           policy_ms=t_pol, policy_splits=ns_pol)
+                if t is None:
+                    row["error"] = o
+                else:
+                    row["max_abs_vs_policy"] = (o.float() - o_pol.float()).abs().max().item()
+                    scores[cfg_name(c)].append(t / t_pol)
+                rec["phase_a"].append(row)
+                print("TUNE_A " + json.dumps(row), flush=True)
+        full = {k: v for k, v in scores.items() if len(v) == len(focus)}
+        gm = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in full.items()}
+        ranked = sorted(gm, key=gm.get)
+        top = ranked[: a.top]
+        for i in range(len(focus)):  # and the best at each focus point
+            best = min(full, key=lambda k: full[k][i])
+            if best not in top:
+                top.append(best)
+        print(f"TUNE ranking {name}: " + "; ".join(f"{k} {gm[k]:.3f}" for k in ranked[:10]), flush=True)
+        by_name = {cfg_name(c): c for c in cands}
+        for ctx in a.contexts:
+            for bs in a.bs:
+                for ndt in a.ndt:
+                    inp = make_inputs(s, ctx, bs, ndt)
+                    row = dict(shape=name, ctx=ctx, bs=bs, ndt=ndt, decode_ms=decode_ms(s, inp, ndt))
+                    t_pol, row["policy_splits"], o_pol = time_config(s, inp, ndt, POLICY, sms)
+                    row["policy_ms"] = t_pol
+                    for k in top:
+                        t, ns, o = time_config(s, inp, ndt, by_name[k], sms)
+                        row[k] = dict(ms=t, splits=ns, **({"error": o} if t is None else
+                                      {"max_abs_vs_policy": (o.float() - o_pol.float()).abs().max().item()}))
+                    rec["phase_b"].append(row)
+                    print("TUNE_B " + json.dumps(row), flush=True)
+        rec.setdefault("ranking", {})[name] = [(k, gm[k]) for k in ranked]
+        rec.setdefault("top", {})[name] = top
+    return rec
+
+
+def print_tune(rec):
+    print("\ntuning: ms per layer (CUDA-graph replay median), ratio = config / policy")
+    for name, top in rec["top"].items():
+        print(f"{name}: " + " | ".join(f"[{i}] {k}" for i, k in enumerate(top)))
+        print(f"{'ctx':>6s} {'bs':>3s} {'ndt':>3s} {'decode':>8s} {'policy':>8s} {'pol/dec':>7s} "
+              + " ".join(f"{'[' + str(i) + ']':>7s}" for i in range(len(top))) + "  best/dec")
+        for r in rec["phase_b"]:
+            if r["shape"] != name:
+                continue
+            ts = [r[k]["ms"] for k in top]
+            best = min([r["policy_ms"]] + [t for t in ts if t])
+            print(f"{r['ctx']:6d} {r['bs']:3d} {r['ndt']:3d} {r['decode_ms']:8.4f} {r['policy_ms']:8.4f} "
+                  f"{r['policy_ms'] / r['decode_ms']:7.3f} "
+                  + " ".join(f"{t / r['policy_ms']:7.3f}" if t else "      -" for t in ts)
+                  + f"  {best / r['decode_ms']:7.3f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
@@ -137,10 +296,27 @@ def main():
                     help="also time ours with ChainVerifyShape.block_rows forced to each of these (16, 32)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true", help="print the points and exit (no GPU)")
+    ap.add_argument("--tune", action="store_true", help="the launch-setting search instead of the columns")
+    ap.add_argument("--focus", nargs="+", default=["16384:16:4", "16384:8:3", "16384:1:3", "1024:16:4"],
+                    help="ctx:bs:ndt points where --tune tries every candidate")
+    ap.add_argument("--top", type=int, default=3, help="--tune: candidates carried to every point")
     a = ap.parse_args()
     bad = [b for b in a.block_rows if b not in BLOCK_R_CHOICES]
     if bad:
         ap.error(f"--block-rows {bad}: the kernel takes {BLOCK_R_CHOICES}")
+    if a.tune and a.dry_run:
+        for name in a.shapes:
+            n = len(tune_candidates(bool(SHAPES[name]["rope"])))
+            print(f"KERNEL dry-run tune {name}: {n} candidates x focus {a.focus}; top {a.top} + policy at "
+                  f"contexts={a.contexts} bs={a.bs} ndt={a.ndt}")
+        return
+    if a.tune:
+        rec = run_tune(a)
+        rec["device"] = torch.cuda.get_device_name(0)
+        print_tune(rec)
+        if a.out:
+            json.dump(rec, open(a.out, "w"), indent=1)
+        return
     if a.dry_run:
         for name in a.shapes:
             for ndt in a.ndt:

@@ -81,7 +81,7 @@ def _chain_verify_stage1(
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     LK: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_CAP: tl.constexpr,
-    CHAIN_IN_SEQ: tl.constexpr,
+    CHAIN_IN_SEQ: tl.constexpr, V_FROM_K: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // ROW_BLOCKS
@@ -142,10 +142,13 @@ def _chain_verify_stage1(
             n_e_max = tl.maximum(tl.max(qk, 1), e_max)
             re_scale = tl.exp(e_max - n_e_max)
             p = tl.where(vis, tl.exp(qk - n_e_max[:, None]), 0.0)
-            v = tl.load(
-                V_Buffer + loc[:, None] * stride_vbs + kvh * stride_vh + offs_dv[None, :],
-                mask=n_ok[:, None] & dv_ok[None, :], other=0.0,
-            )
+            if V_FROM_K:  # V is the first LV columns of K (MLA's latent): reuse the loaded tile
+                v = tl.trans(k)
+            else:
+                v = tl.load(
+                    V_Buffer + loc[:, None] * stride_vbs + kvh * stride_vh + offs_dv[None, :],
+                    mask=n_ok[:, None] & dv_ok[None, :], other=0.0,
+                )
             acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v)
             e_sum = e_sum * re_scale + tl.sum(p, 1)
             e_max = n_e_max
@@ -247,18 +250,21 @@ class ChainVerifyShape:
 
 
 def choose_num_kv_splits(shape: ChainVerifyShape, bs: int, num_sms: int,
-                         override: int | None = None) -> int:
-    """Splits per request for a batch of ``bs`` requests (a power of two in [1, MAX_KV_SPLITS]).
+                         override: int | None = None, programs_per_sm: int = PROGRAMS_PER_SM,
+                         max_splits: int = MAX_KV_SPLITS) -> int:
+    """Splits per request for a batch of ``bs`` requests (a power of two in [1, max_splits]).
 
-    Chosen so stage 1 launches about ``PROGRAMS_PER_SM * num_sms`` programs; at run time each
+    Chosen so stage 1 launches about ``programs_per_sm * num_sms`` programs; at run time each
     request uses ``min(num_kv_splits, cdiv(seq_len + ndt, MIN_KEYS_PER_SPLIT))`` of them. Depends
-    only on ``bs`` (a Python int), so it is fixed per captured bucket.
+    only on ``bs`` (a Python int), so it is fixed per captured bucket. ``programs_per_sm`` and
+    ``max_splits`` default to the module's policy (``PROGRAMS_PER_SM``, ``MAX_KV_SPLITS``); the
+    kernel benchmark's tuning mode varies them.
     """
     if override:
-        return max(1, min(MAX_KV_SPLITS, int(override)))
+        return max(1, min(max_splits, int(override)))
     base = max(1, bs * shape.num_kv_heads * shape.row_blocks)
-    want = max(1, math.ceil(PROGRAMS_PER_SM * num_sms / base))
-    return max(1, min(MAX_KV_SPLITS, triton.next_power_of_2(want)))
+    want = max(1, math.ceil(programs_per_sm * num_sms / base))
+    return max(1, min(max_splits, triton.next_power_of_2(want)))
 
 
 def workspace_numel(shape: ChainVerifyShape, bs: int, num_kv_splits: int) -> tuple[int, int]:
@@ -328,12 +334,22 @@ def _stage1_num_stages(args: tuple, grid: tuple, cfg: dict) -> int:
     return n
 
 
+def v_is_k_prefix(k_buffer: torch.Tensor, v_buffer: torch.Tensor, shape: ChainVerifyShape) -> bool:
+    """True when ``v_buffer`` is the first ``head_dim_v`` columns of ``k_buffer`` (MLA's latent:
+    SGLang's MLA pool hands the kernel ``k_buffer[..., :kv_lora_rank]`` as the values) and those are
+    exactly the non-rope part of the key, so stage 1 can reuse the loaded key tile as ``V``."""
+    return (v_buffer.data_ptr() == k_buffer.data_ptr()
+            and v_buffer.stride()[:2] == k_buffer.stride()[:2]
+            and shape.head_dim_v == shape.head_dim_qk - shape.rope_dim
+            and triton.next_power_of_2(shape.head_dim_v) == shape.head_dim_v)
+
+
 def chain_verify_attention_fwd(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     shape: ChainVerifyShape, num_kv_splits: int, sm_scale: float,
     att_out_flat: torch.Tensor, att_lse_flat: torch.Tensor, logit_cap: float = 0.0,
-    seq_lens_include_chain: bool = False,
+    seq_lens_include_chain: bool = False, stage1_overrides: dict | None = None,
 ) -> torch.Tensor:
     """Run the two-stage chain verify attention; writes and returns ``o`` ([T, H, Dv]).
 
@@ -342,7 +358,10 @@ def chain_verify_attention_fwd(
     the length *with* the chain (``DRAFT_EXTEND_V2``: prefix + num_draft_tokens); the kernel then
     uses ``max(seq_lens - num_draft_tokens, 0)`` as the prefix, so a padded row with SGLang's
     ``seq_len_fill_value = 1`` reads only its ``num_draft_tokens`` chain slots. Raises ValueError
-    on inconsistent shapes.
+    on inconsistent shapes. ``stage1_overrides``: stage-1 launch settings replacing
+    ``launch_config``'s (keys ``BLOCK_N``, ``num_warps``, ``num_stages``, ``V_FROM_K``; for the kernel
+    benchmark's tuning mode); ``V_FROM_K`` needs ``v_buffer`` to be the first ``Dv`` columns of
+    ``k_buffer`` with ``Dv == Dk - rope_dim`` (ValueError otherwise).
     """
     bs = req_pool_indices.shape[0]
     t = bs * shape.num_draft_tokens
@@ -363,6 +382,15 @@ def chain_verify_attention_fwd(
     att_out = att_out_flat[:n_out].view(t, h, num_kv_splits, dv)
     att_lse = att_lse_flat[:n_lse].view(t, h, num_kv_splits)
     cfg1, cfg2 = launch_config(shape, logit_cap > 0, bool(seq_lens_include_chain))
+    overrides = dict(stage1_overrides or {})
+    unknown = set(overrides) - {"BLOCK_N", "num_warps", "num_stages", "V_FROM_K"}
+    if unknown:
+        raise ValueError(f"chain verify: stage1_overrides {sorted(unknown)}: use BLOCK_N, num_warps, "
+                         f"num_stages, V_FROM_K")
+    if overrides.get("V_FROM_K") and not v_is_k_prefix(k_buffer, v_buffer, shape):
+        raise ValueError("chain verify: V_FROM_K needs v_buffer = k_buffer[..., :Dv] with "
+                         "Dv = Dk - rope_dim")
+    cfg1.update(overrides)
     grid1 = (bs, shape.num_kv_heads * shape.row_blocks, num_kv_splits)
     args1 = (
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, att_out, att_lse,
@@ -373,7 +401,8 @@ def chain_verify_attention_fwd(
         att_lse.stride(0), att_lse.stride(1),
         num_kv_splits,
     )
-    cfg1["num_stages"] = _stage1_num_stages(args1, grid1, cfg1)
+    if "num_stages" not in overrides:
+        cfg1["num_stages"] = _stage1_num_stages(args1, grid1, cfg1)
     _chain_verify_stage1[grid1](*args1, **cfg1)
     _chain_verify_stage2[(t, h)](
         att_out, att_lse, o, seq_lens,

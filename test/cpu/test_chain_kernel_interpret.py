@@ -29,6 +29,10 @@ CASES = [
     # DRAFT_EXTEND_V2: seq_lens include the chain (prefix + ndt); 1 is a padded row (prefix 0)
     (4, 2, 64, 64, 3, [8, 103, 1, 203], 0, 4, 0.0, "float32", 0, True),
     (8, 1, 192, 128, 4, [5, 1, 134], 64, 2, 0.0, "float32", 0, True),  # MLA-style latent
+    # launch settings of the tuning search: V taken from the loaded K tile (MLA), 16-key blocks
+    (8, 1, 192, 128, 4, [70, 1, 129], 64, 4, 0.0, "float32", 0, False, {"V_FROM_K": True, "BLOCK_N": 16}),
+    (8, 1, 192, 128, 3, [5, 1, 134], 64, 2, 0.0, "float32", 0, True, {"V_FROM_K": True, "num_warps": 4}),
+    (4, 2, 64, 64, 3, [5, 100, 200], 0, 8, 0.0, "float32", 0, False, {"BLOCK_N": 16, "num_stages": 1}),
 ]
 
 SCRIPT = """
@@ -40,13 +44,16 @@ err = run_case(heads=h, kv_heads=kvh, dk=dk, dv=dv, ndt=ndt, seq_lens=seqs, rope
                splits=splits, cap=cap, ctx=512, pool_slots=2048,
                dtype=getattr(torch, extra[0]) if extra else torch.float32,
                block_rows=extra[1] if len(extra) > 1 else 0,
-               seq_lens_include_chain=bool(extra[2]) if len(extra) > 2 else False)
+               seq_lens_include_chain=bool(extra[2]) if len(extra) > 2 else False,
+               stage1_overrides=extra[3] if len(extra) > 3 else None)
 print("ERR", err)
 """
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"h{c[0]}kv{c[1]}d{c[2]}ndt{c[4]}" + (f"r{c[10]}" if len(c) > 10 and c[10] else "")
-                                     + ("-draft-extend" if len(c) > 11 and c[11] else "") for c in CASES])
+                                     + ("-draft-extend" if len(c) > 11 and c[11] else "")
+                                     + ("-" + "-".join(f"{k}{v}" for k, v in c[12].items()) if len(c) > 12 else "")
+                                     for c in CASES])
 def test_chain_kernel_matches_reference_in_interpreter(case):
     import json
 
