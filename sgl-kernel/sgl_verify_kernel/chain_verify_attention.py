@@ -278,7 +278,11 @@ def launch_config(shape: ChainVerifyShape, use_cap: bool = False,
     """Constexprs and launch options of stage 1 and stage 2 for ``shape`` (new dicts, the keyword
     arguments of the two launches). ``use_cap``: a logit soft cap is set; ``chain_in_seq``: the
     ``seq_lens_include_chain`` lengths. Stage 1's ``num_stages`` is ``STAGE1_NUM_STAGES[0]``; the
-    launcher lowers it on a device that cannot hold that build (``choose_num_stages``)."""
+    launcher lowers it on a device that cannot hold that build (``choose_num_stages``).
+
+    Stage 1 runs 4 warps for every shape: with MLA's 512-wide latent, 4 warps x 32-key blocks took
+    0.61-0.84x the time of 8 warps at bs 8-32 on the H200 (Kimi TP-8 shard, 3-4 draft tokens,
+    1k-16k; ``bench_chain_kernel.py --tune``, docs/benchmarks.md section 7.3)."""
     block_dpe = shape.rope_dim
     block_d = triton.next_power_of_2(shape.head_dim_qk - block_dpe)
     block_dv = triton.next_power_of_2(shape.head_dim_v)
@@ -289,7 +293,7 @@ def launch_config(shape: ChainVerifyShape, use_cap: bool = False,
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         LK=shape.head_dim_qk, LV=shape.head_dim_v,
         MIN_SPLIT=MIN_KEYS_PER_SPLIT, USE_CAP=bool(use_cap), CHAIN_IN_SEQ=bool(chain_in_seq),
-        num_warps=8 if big else 4, num_stages=STAGE1_NUM_STAGES[0],
+        num_warps=4, num_stages=STAGE1_NUM_STAGES[0],
     )
     stage2 = dict(
         NDT=shape.num_draft_tokens, BLOCK_DV=block_dv, LV=shape.head_dim_v,
