@@ -46,21 +46,13 @@ def bench(fn, rep: int = 100) -> float:
 
 
 def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
-    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    torch.manual_seed(ctx + bs)
     h, kvh, dk, dv, rope = s["h"], s["kvh"], s["dk"], s["dv"], s["rope"]
     dt = torch.bfloat16
-    slots = bs * (ctx + ndt) + 1
-    k_buf = torch.randn(slots, kvh, dk, device=device, dtype=dt)
-    v_buf = k_buf[..., :dv] if rope else torch.randn(slots, kvh, dv, device=device, dtype=dt)
-    perm = torch.randperm(slots - 1, device=device) + 1
-    r2t = perm.view(-1)[: bs * (ctx + ndt)].view(bs, ctx + ndt).to(torch.int32).contiguous()
-    rpi = torch.arange(bs, device=device, dtype=torch.int64)
-    seq = torch.full((bs,), ctx, device=device, dtype=torch.int64)
+    inputs = make_inputs(s, ctx, bs, ndt, device)
+    k_buf, v_buf, r2t, rpi, seq, q = inputs
     t = bs * ndt
-    q = torch.randn(t, h, dk, device=device, dtype=dt)
     scale = dk ** -0.5
     res = {}
 
@@ -116,20 +108,7 @@ def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
             res["splitkv_error"] = f"{type(e).__name__}: {e}"[:200]
 
     # plain decode (1 token per request, ctx + 1 keys)
-    from sglang.srt.layers.attention.triton_backend import _mla_decode_kv_splits_cap
-
-    max_splits = _mla_decode_kv_splits_cap(8, 132, 32768) if rope else 8
-    d_indptr = torch.arange(0, (bs + 1) * (ctx + 1), ctx + 1, device=device, dtype=torch.int32)
-    d_indices = r2t[:, :ctx + 1].reshape(-1).long().contiguous()
-    qd = q.view(bs, ndt, h, dk)[:, 0].contiguous()
-    od = torch.empty(bs, h, dv, device=device, dtype=dt)
-    logits = torch.empty(bs, h, max_splits, dv, device=device, dtype=torch.float32)
-    lse = torch.empty(bs, h, max_splits, device=device, dtype=torch.float32)
-    nsp = torch.full((bs,), max_splits, device=device, dtype=torch.int32)
-    f_dec = lambda: decode_attention_fwd(qd, k_buf, v_buf, od, d_indptr, d_indices, logits, lse, nsp, max_splits,
-                                         scale, 1.0, 1.0, has_mla=bool(rope))
-    f_dec()
-    res["decode_ms"] = bench(f_dec)
+    res["decode_ms"] = decode_ms(s, inputs, ndt, device)
     return dict(shape=name, ctx=ctx, bs=bs, ndt=ndt, **res)
 
 
@@ -155,7 +134,8 @@ def cfg_name(c: dict) -> str:
 
 
 def make_inputs(s, ctx, bs, ndt, device="cuda"):
-    """The same KV pool / page table / q as ``run_point`` (seeded by ctx + bs)."""
+    """One point's KV pool, page table and q (seeded by ctx + bs): (k_buf, v_buf, req_to_token,
+    req_pool_indices, seq_lens, q); for MLA (``rope``) v_buf is a view of k_buf's first dv columns."""
     torch.manual_seed(ctx + bs)
     h, kvh, dk, dv, rope = s["h"], s["kvh"], s["dk"], s["dv"], s["rope"]
     dt = torch.bfloat16
@@ -198,6 +178,8 @@ def time_config(s, inputs, ndt, cfg, sms, device="cuda", rep=100):
 
 
 def decode_ms(s, inputs, ndt, device="cuda"):
+    """ms per call of SGLang's ``decode_attention_fwd`` on the first token of each request (ctx + 1
+    keys), as a plain decode step runs it."""
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.srt.layers.attention.triton_backend import _mla_decode_kv_splits_cap
 

@@ -282,7 +282,7 @@ def launch_config(shape: ChainVerifyShape, use_cap: bool = False,
 
     Stage 1 runs 4 warps for every shape: with MLA's 512-wide latent, 4 warps x 32-key blocks took
     0.61-0.84x the time of 8 warps at bs 8-32 on the H200 (Kimi TP-8 shard, 3-4 draft tokens,
-    1k-16k; ``bench_chain_kernel.py --tune``, docs/benchmarks.md section 7.3)."""
+    1k-16k; ``bench_chain_kernel.py --tune``, docs/benchmarks.md section 10)."""
     block_dpe = shape.rope_dim
     block_d = triton.next_power_of_2(shape.head_dim_qk - block_dpe)
     block_dv = triton.next_power_of_2(shape.head_dim_v)
