@@ -28,8 +28,21 @@ REASON_OTHER = "not_graphable_other"
 class VerifyCounters:
     """Counts TARGET_VERIFY forwards of the target model in this process.
 
-    ``verify_steps`` = ``replays`` + ``fallback_total``. ``capture_*`` describe the captured
-    graphs (batch-size buckets, tokens per request, seconds, GiB of GPU memory).
+    Two independent counts of the same verify steps:
+
+    * ``verify_steps`` / ``verify_requests``: SGLang's speculative worker entering its verify
+      (``EAGLEWorkerV2.verify``, ``plugin.verify_step_hook``), with the batch's requests; counted
+      before, and whatever, the model runner does.
+    * ``replays`` / ``replayed_requests`` (our graph, ``raw_bs`` summed) and ``fallbacks`` /
+      ``eager_requests`` (a TARGET_VERIFY forward of the target that did not replay our graph,
+      counted in ``ModelRunner._forward_raw`` under its reason).
+
+    When every verify step is seen where it runs, ``replays + fallback_total == verify_steps`` and
+    ``replayed_requests + eager_requests == verify_requests``; a verify that bypassed both the
+    graph and ``_forward_raw`` breaks the equality. SGLang's per-request ``spec_verify_ct``
+    counts the verify steps whose result it committed (not those a finished request rode along
+    in under the overlap scheduler). ``capture_*`` describe the captured graphs (batch-size
+    buckets, tokens per request, seconds, GiB of GPU memory).
 
     ``draft_extend_*`` count the draft's ``DRAFT_EXTEND_V2`` forwards served by the chain kernel
     (``draft_extend_attention`` non-empty): replays of SGLang's draft-extend graph
@@ -46,7 +59,11 @@ class VerifyCounters:
     graph_mem_gib: float = 0.0
     attention: str = ""
     replays: int = 0
+    replayed_requests: int = 0
     padded_rows: int = 0
+    verify_steps: int = 0
+    verify_requests: int = 0
+    eager_requests: int = 0
     fallbacks: Counter = field(default_factory=Counter)
     log_every: int = 0
     selftest: dict = field(default_factory=dict)
@@ -61,28 +78,34 @@ class VerifyCounters:
     def fallback_total(self) -> int:
         return sum(self.fallbacks.values())
 
-    @property
-    def verify_steps(self) -> int:
-        return self.replays + self.fallback_total
-
     def note_refusal(self, reason: str, detail: str = "") -> None:
         """Record why the runner refused a batch (called from can_run_graph; may repeat per step)."""
         self._last_reason = reason
         self._last_detail = detail
 
-    def count_replay(self, bs: int, raw_bs: int) -> None:
+    def count_verify_step(self, num_requests: int) -> None:
+        """SGLang's worker starts one verify step over ``num_requests`` requests."""
         with self._lock:
-            self.replays += 1
-            self.padded_rows += bs - raw_bs
+            self.verify_steps += 1
+            self.verify_requests += num_requests
         self._maybe_log()
 
-    def count_eager_verify(self) -> None:
-        """One TARGET_VERIFY forward did not replay our graph (``plugin.forward_raw_hook``); counts
-        it under the reason ``can_run_graph`` recorded last (``REASON_OTHER`` when none) and logs it
-        (WARNING the first time per reason and every 1000th)."""
+    def count_replay(self, bs: int, raw_bs: int) -> None:
+        """One replay of our graph over ``raw_bs`` requests padded to the bucket ``bs``."""
+        with self._lock:
+            self.replays += 1
+            self.replayed_requests += raw_bs
+            self.padded_rows += bs - raw_bs
+
+    def count_eager_verify(self, num_requests: int) -> None:
+        """One TARGET_VERIFY forward over ``num_requests`` requests did not replay our graph
+        (``plugin.forward_raw_hook``); counts it under the reason ``can_run_graph`` recorded last
+        (``REASON_OTHER`` when none) and logs it (WARNING the first time per reason and every
+        1000th)."""
         reason = self._last_reason or REASON_OTHER
         with self._lock:
             self.fallbacks[reason] += 1
+            self.eager_requests += num_requests
             n = self.fallbacks[reason]
         if n == 1 or n % 1000 == 0:
             logger.warning(
@@ -90,7 +113,6 @@ class VerifyCounters:
                 n, reason, f": {getattr(self, '_last_detail', '')}" if getattr(self, "_last_detail", "") else "",
             )
         self._last_reason = None
-        self._maybe_log()
 
     def count_draft_extend_replay(self, bs: int, raw_bs: int) -> None:
         """One replay of the draft-extend graph over ``raw_bs`` requests padded to ``bs``."""
@@ -121,8 +143,11 @@ class VerifyCounters:
             "capture_seconds": round(self.capture_seconds, 3),
             "graph_mem_gib": round(self.graph_mem_gib, 4),
             "replays": self.replays,
+            "replayed_requests": self.replayed_requests,
             "padded_rows": self.padded_rows,
             "verify_steps": self.verify_steps,
+            "verify_requests": self.verify_requests,
+            "eager_requests": self.eager_requests,
             "fallbacks": {str(k): int(v) for k, v in self.fallbacks.items()},
             "fallback_total": self.fallback_total,
             **({"selftest": dict(self.selftest)} if self.selftest else {}),

@@ -21,7 +21,8 @@ Hooks (``HookRegistry`` kinds: AFTER ``hook(result, *args, **kwargs)``, AROUND
   topk=1 target gets ``ChainVerifyTritonBackend``); 0.5.16 ``capture_decode_graph`` / 0.5.23
   ``ModelRunner._decode_cuda_graph_runner_cls`` AROUND (the target gets
   ``VerifyCudaGraphRunner``); ``ModelRunner._forward_raw`` AROUND (counts each verify that did
-  not replay our graph, and eager draft extends); ``DraftBackendFactory.create_draft_extend_backend``
+  not replay our graph, and eager draft extends); ``EAGLEWorkerV2.verify`` AROUND (SGLang's own
+  count of verify steps, the counters' cross-check); ``DraftBackendFactory.create_draft_extend_backend``
   AROUND (the draft gets ``ChainDraftExtendTritonBackend``); ``EAGLEDraftExtendCudaGraphRunner.execute``
   AROUND (counts draft-extend replays; the self-test's probe); ``build_eagle_verify_input`` AROUND
   (QLEN_ONLY tree mask);
@@ -112,8 +113,18 @@ def forward_raw_hook(original: Callable, model_runner, forward_batch, *args, **k
     replays = counters.replays
     out = original(model_runner, forward_batch, *args, **kwargs)
     if counters.replays == replays:
-        counters.count_eager_verify()
+        counters.count_eager_verify(forward_batch.batch_size)
     return out
+
+
+def verify_step_hook(original: Callable, worker, batch, *args, **kwargs):
+    """AROUND ``EAGLEWorkerV2.verify(self, batch, ...)``: SGLang's own count of verify steps and
+    their requests (``batch.batch_size()``), taken before the model runner decides how to run
+    the forward; the counters check the replays and fallbacks against it."""
+    counters = get_counters()
+    if counters is not None:
+        counters.count_verify_step(batch.batch_size())
+    return original(worker, batch, *args, **kwargs)
 
 
 def draft_extend_backend_hook(original: Callable, factory, *args, **kwargs):
@@ -191,6 +202,7 @@ def runtime_hooks() -> list[Hook]:
     return [
         graph,
         (adapter.FORWARD_RAW, forward_raw_hook, adapter.HookType.AROUND),
+        (adapter.VERIFY, verify_step_hook, adapter.HookType.AROUND),
         (adapter.CREATE_DRAFT_EXTEND_BACKEND, draft_extend_backend_hook, adapter.HookType.AROUND),
         (adapter.DRAFT_EXTEND_EXECUTE, draft_extend_execute_hook, adapter.HookType.AROUND),
         (adapter.BUILD_VERIFY_INPUT, build_verify_input_hook, adapter.HookType.AROUND),

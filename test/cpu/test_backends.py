@@ -207,8 +207,9 @@ def test_verify_that_did_not_replay_our_graph_is_counted_with_its_reason():
     ours = SimpleNamespace(counters=counters)
     model_runner = SimpleNamespace(decode_cuda_graph_runner=ours)
 
-    def batch(verify):
-        return SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: verify, is_draft_extend_v2=lambda: False))
+    def batch(verify, bs=3):
+        return SimpleNamespace(batch_size=bs, forward_mode=SimpleNamespace(
+            is_target_verify=lambda: verify, is_draft_extend_v2=lambda: False))
 
     def eager(mr, fb, *args, **kwargs):
         return "eager"
@@ -218,12 +219,45 @@ def test_verify_that_did_not_replay_our_graph_is_counted_with_its_reason():
         return "graph"
 
     counters.note_refusal(REASON_BS_ABOVE_MAX, "bs=12 > max captured 8")
-    assert forward_raw_hook(eager, model_runner, batch(True), None) == "eager"
+    assert forward_raw_hook(eager, model_runner, batch(True, bs=12), None) == "eager"
     assert forward_raw_hook(replay, model_runner, batch(True), None) == "graph"
     forward_raw_hook(eager, model_runner, batch(False), None)  # decode/extend: not a verify
     forward_raw_hook(eager, SimpleNamespace(decode_cuda_graph_runner=None), batch(True), None)
     assert dict(counters.fallbacks) == {REASON_BS_ABOVE_MAX: 1}
-    assert counters.replays == 1 and counters.verify_steps == 2
+    assert (counters.replays, counters.replayed_requests, counters.padded_rows) == (1, 3, 1)
+    assert counters.eager_requests == 12
+
+
+def test_verify_steps_are_sglangs_count_checked_against_replays_and_fallbacks(monkeypatch):
+    """``verify_steps`` / ``verify_requests`` come from SGLang's worker entering its verify
+    (``plugin.verify_step_hook``), not from our replay and fallback counts: a verify step whose
+    forward neither replayed our graph nor passed ``ModelRunner._forward_raw`` leaves
+    ``replays + fallback_total`` short of ``verify_steps``."""
+    from sglang_verify_graph import plugin
+    from sglang_verify_graph.counters import VerifyCounters
+
+    counters = VerifyCounters()
+    monkeypatch.setattr(plugin, "get_counters", lambda: counters)
+    batch = SimpleNamespace(batch_size=lambda: 5)
+
+    def graphed(worker, b):
+        counters.count_replay(8, b.batch_size())
+        return "verified"
+
+    assert plugin.verify_step_hook(graphed, "worker", batch) == "verified"
+    snap = counters.snapshot()
+    assert (snap["verify_steps"], snap["verify_requests"]) == (1, 5)
+    assert snap["replays"] + snap["fallback_total"] == snap["verify_steps"]
+    assert snap["replayed_requests"] + snap["eager_requests"] == snap["verify_requests"]
+
+    plugin.verify_step_hook(lambda worker, b: "unseen", "worker", batch)  # bypassed both counts
+    snap = counters.snapshot()
+    assert (snap["verify_steps"], snap["verify_requests"]) == (2, 10)
+    assert snap["replays"] + snap["fallback_total"] == 1 < snap["verify_steps"]
+
+    monkeypatch.setattr(plugin, "get_counters", lambda: None)  # no verify runner in this process
+    assert plugin.verify_step_hook(lambda worker, b: "plain", "worker", batch) == "plain"
+    assert counters.verify_steps == 2
 
 
 def test_eager_cliff_is_announced_at_start():
