@@ -203,10 +203,17 @@ class _ChainTritonBackend(adapter.triton_attn_backend_cls()):
 
 
 class ChainVerifyTritonBackend(_ChainTritonBackend):
-    """The target's backend: ``TARGET_VERIFY`` is the chain kernel (``seq_lens`` = prefix)."""
+    """The target's backend: ``TARGET_VERIFY`` is the chain kernel (``seq_lens`` = prefix).
+
+    ``reference = True`` serves ``TARGET_VERIFY`` with SGLang's own path instead (the triton
+    backend's ``extend_attention_fwd`` over a freshly built ``kv_indices`` and the batch's tree
+    mask: the self-test's independent reference, ``selftest.GraphSelfTest``); it is never set
+    while serving."""
+
+    reference = False
 
     def serves(self, forward_mode) -> bool:
-        return forward_mode.is_target_verify()
+        return forward_mode.is_target_verify() and not self.reference
 
     def get_verify_buffers_to_fill_after_draft(self):
         # No tree-mask scratch: the chain needs no mask (see plugin.build_verify_input_hook).

@@ -7,6 +7,9 @@
    illegal memory access, the failure mode of sgl-project/sglang#10892);
 2. after the replay, runs the same batch eagerly (same chain attention, SGLang's eager model
    forward) and compares the real rows' ``next_token_logits`` and EAGLE-3 aux hidden states;
+   with the chain kernel, runs it once more through SGLang's own TARGET_VERIFY attention (the
+   triton backend's ``extend_attention_fwd`` with the chain's full tree mask,
+   :func:`chain_tree_mask`), an independent reference: per-row errors, per draft position;
 3. checks that the static buffers' device addresses never changed since capture;
 4. with ``SGLANG_VERIFY_GRAPH_SELFTEST_NAN=1``: from ``load_batch`` of a padded bucket until the
    replay is enqueued (stream-ordered copies), the embedding row of the padding token (``PAD_TOKEN_ID``, the token of
@@ -43,6 +46,32 @@ def worst(current: float, new: float) -> float:
     return max(current, new)
 
 
+def chain_tree_mask(seq_lens: torch.Tensor, num_draft_tokens: int) -> torch.Tensor:
+    """SGLang's FULL_MASK tree mask of a topk=1 draft chain, as the triton backend's TARGET_VERIFY
+    path reads it: per request ``num_draft_tokens`` rows of ``seq_len + num_draft_tokens`` bools
+    (row-major, requests concatenated), the prefix all True and draft ``j`` seeing drafts
+    ``0..j``.
+
+    Args:
+        seq_lens: ``[bs]`` int prefix lengths (without the drafts), on the mask's device.
+        num_draft_tokens: tokens per request in the verify forward.
+
+    Returns:
+        ``[sum(num_draft_tokens * (seq_lens + num_draft_tokens))]`` bool on ``seq_lens.device``.
+    """
+    ndt, dev = num_draft_tokens, seq_lens.device
+    chain = torch.tril(torch.ones(ndt, ndt, dtype=torch.bool, device=dev))
+    return torch.cat([torch.cat([torch.ones(ndt, n, dtype=torch.bool, device=dev), chain], 1).flatten()
+                      for n in seq_lens.tolist()])
+
+
+def row_rel_err(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row relative error ``|a_i - b_i| / |b_i|`` (fp32, ``[rows]``) of two ``[rows, n]``
+    tensors (Frobenius norm of each row)."""
+    a, b = a.float(), b.float()
+    return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)
+
+
 class VerifyProbe:
     """What the runner calls around each TARGET_VERIFY replay of a batch it fully loads (not on a
     pre-planned re-entry); every method of this base does nothing."""
@@ -73,6 +102,11 @@ class GraphSelfTest(VerifyProbe):
         self.result.update(checks=0, logits_max_rel_err=0.0, hidden_max_rel_err=0.0,
                            argmax_mismatch=0, addresses_stable=True, bs_seen={}, raw_bs_seen={},
                            nonfinite_rows=0, nan_injected_replays=0)
+        self.upstream = self.result.setdefault("upstream", {}) if getattr(runner, "chain", True) else None
+        if self.upstream is not None:
+            ndt = runner.verify_cfg.num_draft_tokens
+            self.upstream.update(checks=0, rows=0, argmax_mismatch=0, nonfinite_rows=0,
+                                 logits_row_max_rel_err=[0.0] * ndt, hidden_row_max_rel_err=[0.0] * ndt)
         self._bs = Counter()
         self._raw_bs = Counter()
         self._nan_row = adapter.local_embedding_row(runner.model_runner, PAD_TOKEN_ID) if inject_nan else None
@@ -161,6 +195,39 @@ class GraphSelfTest(VerifyProbe):
         self._raw_bs[runner.raw_bs] += 1
         r["bs_seen"] = dict(self._bs)
         r["raw_bs_seen"] = dict(self._raw_bs)
+        if self.upstream is not None:
+            self.compare_upstream(runner, forward_batch, logits, hidden)
+
+    def compare_upstream(self, runner, forward_batch, logits, hidden) -> None:
+        """The same batch through SGLang's own TARGET_VERIFY attention (``reference`` mode of
+        ``ChainVerifyTritonBackend``, the chain's FULL_MASK tree mask in ``spec_info``), eagerly;
+        accumulates in ``selftest["upstream"]`` the per-row relative errors of the replay's real
+        rows (max per draft position, ``[num_draft_tokens]``), argmax mismatches and
+        non-finite rows."""
+        backend = runner.model_runner.attn_backend
+        spec = forward_batch.spec_info
+        ndt = runner.verify_cfg.num_draft_tokens
+        saved_mask = spec.custom_mask
+        spec.custom_mask = chain_tree_mask(forward_batch.seq_lens[:runner.raw_bs], ndt)
+        backend.reference = True
+        try:
+            backend.init_forward_metadata(forward_batch)
+            ref = runner.model_runner.model.forward(
+                forward_batch.input_ids, forward_batch.positions, forward_batch)
+        finally:
+            backend.reference = False
+            spec.custom_mask = saved_mask
+        u = self.upstream
+        u["checks"] += 1
+        u["rows"] += logits.shape[0]
+        u["nonfinite_rows"] += int((~torch.isfinite(ref.next_token_logits).all(-1)).sum().item())
+        u["argmax_mismatch"] += int((logits.argmax(-1) != ref.next_token_logits.argmax(-1)).sum().item())
+        pairs = [("logits_row_max_rel_err", logits, ref.next_token_logits)]
+        if hidden is not None and ref.hidden_states is not None:
+            pairs.append(("hidden_row_max_rel_err", hidden, ref.hidden_states))
+        for key, ours, theirs in pairs:
+            err = row_rel_err(ours, theirs).view(-1, ndt).amax(0).tolist()  # per draft position
+            u[key] = [worst(a, b) for a, b in zip(u[key], err)]
 
 
 # ---- draft extend ---------------------------------------------------------------------------

@@ -44,7 +44,8 @@ def test_config_needs_the_selftest(make_args):
 def _runner(bs, raw_bs):
     bufs = types.SimpleNamespace(**{n: torch.zeros(8, dtype=torch.int64) for n in st._POISONED})
     return types.SimpleNamespace(buffers=bufs, counters=types.SimpleNamespace(selftest={}),
-                                 model_runner=object(), bs=bs, raw_bs=raw_bs, raw_num_token=raw_bs)
+                                 model_runner=object(), bs=bs, raw_bs=raw_bs, raw_num_token=raw_bs,
+                                 verify_cfg=types.SimpleNamespace(num_draft_tokens=1))
 
 
 def _batch(*ids):
@@ -122,3 +123,53 @@ def test_every_probe_method_the_runner_calls_exists_and_the_selftest_overrides_i
     for name in called:
         assert callable(getattr(st.VerifyProbe, name, None)), name
         assert getattr(st.GraphSelfTest, name) is not getattr(st.VerifyProbe, name), name
+
+
+def test_chain_tree_mask_is_sglangs_full_mask_of_a_chain():
+    """Per request ``ndt`` rows of ``seq_len + ndt``: the prefix visible, the drafts causal."""
+    mask = st.chain_tree_mask(torch.tensor([2, 0]), 3)
+    assert mask.dtype == torch.bool and mask.numel() == 3 * (2 + 3) + 3 * (0 + 3)
+    first = mask[:15].view(3, 5).int().tolist()
+    assert first == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert mask[15:].view(3, 3).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+def test_upstream_reference_runs_sglangs_path_and_reports_each_draft_position():
+    """``compare_upstream`` runs the batch with the backend in ``reference`` mode (SGLang's own
+    TARGET_VERIFY attention) and the chain's full tree mask in ``spec_info``, puts both back, and
+    reports the per-row error per draft position: a wrong row at draft position 1 shows there."""
+    ndt, raw_bs, vocab = 3, 2, 5
+    ours = torch.randn(raw_bs * ndt, vocab)
+    seen = {}
+
+    class Backend:
+        reference = False
+
+        def init_forward_metadata(self, fb):
+            seen["reference_at_init"] = self.reference
+            seen["mask"] = fb.spec_info.custom_mask.clone()
+
+    backend = Backend()
+
+    def forward(input_ids, positions, fb):
+        seen["reference_at_forward"] = backend.reference
+        ref = ours.clone()
+        ref[1 * ndt + 1] += 1.0  # request 1, draft position 1
+        return types.SimpleNamespace(next_token_logits=ref, hidden_states=None)
+
+    qlen_only = torch.ones(raw_bs * ndt * ndt, dtype=torch.bool)
+    fb = types.SimpleNamespace(spec_info=types.SimpleNamespace(custom_mask=qlen_only),
+                               seq_lens=torch.tensor([4, 7, 1 << 40]), input_ids=None, positions=None)
+    runner = _runner(4, raw_bs)
+    runner.verify_cfg = types.SimpleNamespace(num_draft_tokens=ndt)
+    runner.model_runner = types.SimpleNamespace(attn_backend=backend,
+                                                model=types.SimpleNamespace(forward=forward))
+    probe = st.GraphSelfTest(runner)
+    probe.compare_upstream(runner, fb, ours, None)
+    assert seen["reference_at_init"] and seen["reference_at_forward"] and not backend.reference
+    assert torch.equal(seen["mask"], st.chain_tree_mask(torch.tensor([4, 7]), ndt))  # real rows only
+    assert fb.spec_info.custom_mask is qlen_only
+    u = runner.counters.selftest["upstream"]
+    assert u["checks"] == 1 and u["rows"] == raw_bs * ndt and u["nonfinite_rows"] == 0
+    err = u["logits_row_max_rel_err"]
+    assert err[0] == 0.0 and err[2] == 0.0 and err[1] > 0.05, err

@@ -9,6 +9,7 @@ largest bucket). Inside the scheduler, for every replay the self-test (``selftes
 * fills every static input buffer with 2**40 before ``load_batch`` (stale padded rows would index
   out of range: sgl-project/sglang#10892, #25512),
 * re-runs the batch eagerly and compares real rows' logits and EAGLE-3 aux hidden states,
+  with our kernel and with SGLang's own TARGET_VERIFY attention (per row, per draft position),
 * checks the static buffers' addresses never moved since capture;
 * for the draft's DRAFT_EXTEND_V2 graph (chain kernel), poisons its static inputs and compares
   every replay with SGLang's own draft-extend attention run eagerly.
@@ -130,6 +131,25 @@ def test_graph_equals_eager_on_every_bucket_with_poisoned_padding(server):
     assert st.get("hidden_missing", 0) == 0
     assert st["addresses_stable"]
     assert s["fallback_total"] == 0 and s["replays"] == s["verify_steps"]
+
+
+def test_graph_equals_upstreams_target_verify_at_every_draft_position(server):
+    """Every replay against SGLang's own TARGET_VERIFY attention (the triton backend's
+    ``extend_attention_fwd`` with the chain's full tree mask), run eagerly on the same batch: an
+    independent reference for the chain kernel. Bound per row (each token's logits and aux hidden
+    states), reported per draft position."""
+    _burst(8, [TOKENS // 2 * (i + 1) for i in range(8)])  # 8 -> 1 running, padded buckets
+    s = _state()
+    if BACKEND != "triton":
+        pytest.skip(f"--attention-backend {BACKEND} serves the verify with its own kernel")
+    u = s["selftest"]["upstream"]
+    ndt = s["num_draft_tokens"]
+    assert u["checks"] == s["selftest"]["checks"] == s["replays"] > 0, u
+    assert len(u["logits_row_max_rel_err"]) == ndt and len(u["hidden_row_max_rel_err"]) == ndt, u
+    assert max(u["logits_row_max_rel_err"]) < 2e-2, u
+    assert max(u["hidden_row_max_rel_err"]) < 2e-2, u
+    assert u["nonfinite_rows"] == 0, u
+    assert u["argmax_mismatch"] <= 0.005 * u["rows"], u
 
 
 def test_draft_extend_graph_equals_upstreams_path(server):
