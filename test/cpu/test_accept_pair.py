@@ -6,10 +6,16 @@ dummy weights cannot show it (accept length 1.0). Here, on CPU: the weights real
 the maps (a float32 / bfloat16 re-computation of the Llama and LlamaForCausalLMEagle3 layer
 arithmetic of SGLang 0.5.16: RMSNorm with eps, SiLU-gated MLP, zero attention output), and
 :func:`simulate` gives every accepted count 0..num_steps, mixed across requests.
+
+The attention pair (``accept_pair.py --attention``; second half of this file): its float
+reference forward (``accept_pair.reference_logits``, bf16 rounding as SGLang keeps tensors) gives
+``g(t)`` at every position up to 2048 and changes the greedy token under each verify-attention
+fault exactly as ``accept_pair.chain_predictions`` / ``simulate(fault=...)`` predict.
 """
 
 import os
 import sys
+import random
 from collections import Counter
 
 import pytest
@@ -137,3 +143,169 @@ def test_simulate_output_is_the_target_chain_and_mixes_accept_counts():
             assert sim["output_ids"] == want  # drafting never changes greedy output
             total.update(sim["accepted"])
         assert set(total) == set(range(num_steps + 1)), (num_steps, total)
+
+
+# ---------------------------------------------------------------- the attention pair
+# Failure mode guarded (on the GPU, by test/e2e/test_accept_attention_e2e.py): a wrong verify
+# attention at draft positions >= 1 (causal limit off by one, a dropped KV split, a wrong
+# page-table entry) that the plain pair cannot see (its o_proj is zero). Here, on CPU, with the
+# float reference forward of scripts/accept_pair.py (bf16 rounding as SGLang keeps tensors):
+# correct attention gives g(t) at every position up to 2048, each fault changes the greedy token
+# at the rows it reaches exactly as accept_pair.chain_predictions says, the draft's lookup ignores
+# the features, and the server test's prompts all change under each fault.
+
+NDT = 4  # num_steps 3
+SPLITS = 16  # choose_num_kv_splits at bs 8 for this target (4 KV heads, 132 SMs)
+
+
+@pytest.fixture(scope="module")
+def attn():
+    maps = ap.pair_maps(0.7, 0, attention=True)
+    target, draft = ap.build_weights(maps, attention=True)
+    bf = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in target.items()}
+    return maps, target, bf, draft
+
+
+def _first_verify(maps, prompt):
+    """The chain of the first verify step after the prefill of ``prompt``."""
+    y = prompt[-1]
+    drafts = [maps["d1"][y]]
+    for _ in range(NDT - 2):
+        drafts.append(maps["G"][drafts[-1]])
+    return [maps["g"][y]] + drafts
+
+
+def _drop_below(total, splits=SPLITS):
+    """Keys of the first KV split the chain kernel reads for ``total`` keys (0: one split)."""
+    eff = min(splits, -(-total // ap.MIN_KEYS_PER_SPLIT))
+    return -(-total // eff) if eff > 1 else 0
+
+
+def _faults(prefix_len, total):
+    """Reference faults by name: the kernel's three, and two page-table faults."""
+    return {
+        "causal_plus_one": ap.AttentionFault(causal_shift=1),
+        "causal_minus_one": ap.AttentionFault(causal_shift=-1),
+        "drop_first_split": ap.AttentionFault(drop_below=_drop_below(total)),
+        "page_first_entry": ap.AttentionFault(page=(0, prefix_len // 2)),
+        "page_own_row": ap.AttentionFault(page=(prefix_len + 1, prefix_len // 2)),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_attention_pair_greedy_is_g_at_every_position(attn, dtype):
+    maps, target, bf, _ = attn
+    rng = random.Random(3)
+    lengths = [40, 300] + ([2049] if dtype == "bf16" else [])
+    worst = float("inf")
+    for n in lengths:
+        ids = [ap.BOS] + [rng.randrange(ap.SPECIAL, ap.VOCAB) for _ in range(n - 1)]
+        logits, _ = ap.reference_logits(bf if dtype == "bf16" else target, ids, bf16=dtype == "bf16")
+        want = [maps["g"][t] for t in ids[1:]]
+        assert logits[1:].argmax(-1).tolist() == want, f"length {n}"
+        top2 = logits[1:].float().topk(2, dim=-1).values
+        worst = min(worst, float((top2[:, 0] - top2[:, 1]).min()))
+    print(f"attention pair ({dtype}): greedy == g(t) at every position 1..{max(lengths) - 1}, "
+          f"smallest top-2 margin {worst:.1f} logits")
+    assert worst > 15.0
+
+
+def test_skipping_zero_heads_is_exact(attn):
+    _, _, bf, _ = attn
+    ids = [ap.BOS] + list(range(10, 70))
+    fast, ent_fast = ap.reference_logits(bf, ids, bf16=True, chain_start=57,
+                                         fault=ap.AttentionFault(causal_shift=1))
+    full, ent_full = ap.reference_logits(bf, ids, bf16=True, chain_start=57,
+                                         fault=ap.AttentionFault(causal_shift=1), skip_zero=False)
+    assert torch.equal(fast, full)
+    assert all(torch.equal(a, b) for a, b in zip(ent_fast, ent_full))
+
+
+def _fault_shares(maps, sd, prompts):
+    """Per fault: (changed rows, rows the fault reaches, rows equal to chain_predictions, rows)."""
+    inv = {c: i for i, c in enumerate(maps["code"])} if "code" in maps else None
+    out = {}
+    for prompt in prompts:
+        chain = _first_verify(maps, prompt)
+        ids, p = prompt + chain, len(prompt)
+        base = ap.reference_logits(sd, ids, bf16=True)[0][p:].argmax(-1).tolist()
+        for name, fault in _faults(p, len(ids)).items():
+            got = ap.reference_logits(sd, ids, chain_start=p, fault=fault, bf16=True)[0][p:]
+            got = got.argmax(-1).tolist()
+            reach = list(range(NDT))
+            if name == "causal_plus_one":
+                reach = reach[:-1]  # the last row has no next chain token
+            elif name == "page_own_row":
+                reach = [1]
+            elif name == "drop_first_split" and not fault.drop_below:
+                reach = []  # one KV split: nothing to drop
+            if name in ap.FAULTS and inv is not None:
+                want = ap.chain_predictions(maps, prompt, chain, name, inv)
+            elif name == "page_first_entry" and inv is not None:
+                want = [ap.attention_prediction(maps, t, t, False, inv) for t in chain]
+            elif name == "page_own_row" and inv is not None:
+                want = list(base)
+                want[1] = ap.attention_prediction(maps, chain[1], chain[0], True, inv)
+            else:
+                want = base
+            c = out.setdefault(name, [0, 0, 0, 0])
+            c[0] += sum(got[j] != base[j] for j in reach)
+            c[1] += len(reach)
+            c[2] += sum(a == b for a, b in zip(got, want))
+            c[3] += NDT
+    return out
+
+
+def test_each_fault_changes_the_greedy_token_where_it_reaches(attn):
+    maps, _, bf, _ = attn
+    prompts = ap.attention_prompts(10, seed=5, lo=40, hi=300) + ap.attention_prompts(2, seed=6, lo=8, hi=40)
+    shares = _fault_shares(maps, bf, prompts)
+    for name, (changed, reach, exact, rows) in shares.items():
+        print(f"attention pair, fault {name}: greedy changed at {changed}/{reach} chain rows it "
+              f"reaches ({changed / max(reach, 1):.0%}); {exact}/{rows} rows as predicted")
+    for name, (changed, reach, exact, rows) in shares.items():
+        assert exact == rows, f"{name}: the reference disagrees with the prediction"
+        assert reach and changed >= 0.9 * reach, f"{name}: changed {changed}/{reach}"
+
+
+def test_the_plain_pair_is_blind_to_the_same_faults():
+    """Control: the same measurement on the plain pair (o_proj zero) finds no change at all."""
+    maps = ap.pair_maps(0.7, 0)
+    target, _ = ap.build_weights(maps)
+    bf = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in target.items()}
+    shares = _fault_shares(maps, bf, ap.attention_prompts(3, seed=5, lo=80, hi=200))
+    assert all(changed == 0 and exact == rows for changed, _, exact, rows in shares.values()), shares
+
+
+def test_attention_pair_draft_lookup_ignores_the_features(attn):
+    maps, _, bf, draft = attn
+    dt = torch.bfloat16
+    draft = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in draft.items()}
+    prompt = ap.attention_prompts(1, seed=8, lo=200, hi=201)[0]
+    ids = prompt + _first_verify(maps, prompt)
+    for fault in (None, ap.AttentionFault(causal_shift=1), ap.AttentionFault(drop_below=100)):
+        _, entering = ap.reference_logits(bf, ids, chain_start=len(prompt), fault=fault, bf16=True)
+        feat = entering[1][:, ap.VOCAB + 1:ap.VOCAB + 11]
+        assert feat.abs().min() > 0.9  # the features are there ...
+        aux = torch.cat([entering[i + 1] for i in ap.AUX_IDS], dim=-1).to(dt)
+        h = aux @ draft["fc.weight"].T  # ... and fc reads none of them
+        p = "midlayer."
+        s = h + _mlp(_rmsnorm(h, draft[p + "post_attention_layernorm.weight"]), p, draft)
+        got = (_rmsnorm(s, draft["norm.weight"]) @ draft["lm_head.weight"].T).argmax(-1).tolist()
+        assert got[1:] == [maps["d1"][t] for t in ids[1:]]
+
+
+def test_each_fault_changes_every_server_test_request(attn):
+    """What test_accept_attention_e2e asserts, predicted: under each fault every one of its
+    prompts' outputs differs from the fault-free one (and never holds BOS or pad, which the
+    faulted prediction's BOS rule assumes)."""
+    maps = attn[0]
+    for fault in ap.FAULTS:
+        first = []
+        for prompt in ap.attention_prompts():
+            ok = ap.simulate(maps, prompt, 96, 3)["output_ids"]
+            bad = ap.simulate(maps, prompt, 96, 3, fault=fault)["output_ids"]
+            assert not {0, 1} & set(bad), fault
+            first.append(next((i for i, (a, b) in enumerate(zip(ok, bad)) if a != b), None))
+        print(f"fault {fault}: first changed output token per request {first}")
+        assert None not in first, (fault, first)
