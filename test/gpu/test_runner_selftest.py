@@ -33,6 +33,7 @@ and top-k probabilities), which would crash the scheduler on a leaked NaN.
 """
 
 import concurrent.futures as cf
+import json
 import os
 import random
 
@@ -87,6 +88,11 @@ def server():
     try:
         yield proc
     finally:
+        try:  # the counters and self-test figures of the run, beside the server log
+            with open(LOG.replace(".log", "_results.json"), "w") as f:
+                json.dump(_state(), f, indent=1)
+        except Exception as e:  # noqa: BLE001 (a server that died has no state to give)
+            print(f"selftest results not written: {e!r}")
         stop_server(proc)
 
 
