@@ -22,14 +22,17 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
              rope: int = 0, dtype=torch.float32, device="cpu", cap: float = 0.0,
              splits: int | None = None, pool_slots: int = 4096, ctx: int = 1024,
              seed: int = 0, block_rows: int = 0, seq_lens_include_chain: bool = False,
-             per_row: bool = False, stage1_overrides: dict | None = None) -> float:
+             per_row: bool = False, stage1_overrides: dict | None = None,
+             ref_fault: str | None = None) -> float:
     """Run one case; returns the relative error (raises AssertionError on NaN / unwritten rows).
 
     ``block_rows``: ``ChainVerifyShape.block_rows`` (0: the kernel's own policy).
     ``seq_lens_include_chain``: ``seq_lens`` are ``DRAFT_EXTEND_V2`` lengths (prefix + ndt; a
     value below ndt is a padded row, prefix 0). ``per_row``: return the largest relative error of
     one (token, head) row instead of the whole tensor's (one bad row in thousands cannot hide).
-    ``stage1_overrides``: passed to ``chain_verify_attention_fwd`` (launch settings under test)."""
+    ``stage1_overrides``: passed to ``chain_verify_attention_fwd`` (launch settings under test).
+    ``ref_fault``: the test fault the reference computes (``chain_verify_attention_ref``'s
+    ``fault``; the kernel's comes from ``SGLANG_VERIFY_GRAPH_TEST_FAULT``)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     bs = len(seq_lens)
     n_pool_rows = max(8, bs)
@@ -54,7 +57,8 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
     chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, sl, shape, ns, scale, att_out, att_lse, cap,
                                seq_lens_include_chain=seq_lens_include_chain, stage1_overrides=stage1_overrides)
     ref = chain_verify_attention_ref(q.cpu(), k_buf.cpu(), v_buf.cpu(), r2t.cpu(), rpi.cpu(), sl.cpu(),
-                                     ndt, scale, cap, seq_lens_include_chain=seq_lens_include_chain)
+                                     ndt, scale, cap, seq_lens_include_chain=seq_lens_include_chain,
+                                     fault=ref_fault, num_kv_splits=ns)
     out = o.cpu().double()
     assert not torch.isnan(out).any(), "unwritten or NaN output rows"
     if per_row:

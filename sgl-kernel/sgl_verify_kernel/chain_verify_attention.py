@@ -38,11 +38,21 @@ Shapes and dtypes (``T = bs * num_draft_tokens``):
 Padded rows (``raw_bs <= row < bs``) may hold any ``req_pool_indices`` row and ``seq_lens >= 1``
 whose first ``seq_lens + num_draft_tokens`` page-table entries are valid slot ids (SGLang pads
 with row 0 and ``seq_len_fill_value = 1``): they read valid slots and never touch real rows.
+
+Test fault switch (tests only): ``SGLANG_VERIFY_GRAPH_TEST_FAULT`` (:data:`TEST_FAULT_ENV`, read
+once, at the first launch of the process) set to ``causal_plus_one`` (draft position ``j`` also
+sees key ``seq_lens + j + 1``, within the chain), ``causal_minus_one`` (it does not see its own
+key) or ``drop_first_split`` (a request with more than one KV split does not read the keys of
+its first split) makes the verify launches (``seq_lens_include_chain=False``) compute that wrong
+attention, so that a test can show it changes output tokens. The draft-extend launches are never
+faulted (their callers' tests stay independent of it). Unset or empty: the constexpr ``FAULT`` is
+not passed, the same build as without the switch.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +74,11 @@ BLOCK_R_CHOICES = (16, 32)
 # Triton 3.6 and 3.8, and sm_86/89/120 parts offer 99 KB (test/cpu/test_chain_kernel_arch_fit.py).
 STAGE1_NUM_STAGES = (2, 1)
 
+TEST_FAULT_ENV = "SGLANG_VERIFY_GRAPH_TEST_FAULT"
+"""Environment variable of the test fault switch (module docstring)."""
+TEST_FAULTS = {"causal_plus_one": 1, "causal_minus_one": 2, "drop_first_split": 3}
+"""Test fault name -> stage 1's ``FAULT`` constexpr (0: no fault)."""
+
 
 @triton.jit
 def _chain_verify_stage1(
@@ -81,7 +96,7 @@ def _chain_verify_stage1(
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     LK: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_CAP: tl.constexpr,
-    CHAIN_IN_SEQ: tl.constexpr, V_FROM_K: tl.constexpr = False,
+    CHAIN_IN_SEQ: tl.constexpr, V_FROM_K: tl.constexpr = False, FAULT: tl.constexpr = 0,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // ROW_BLOCKS
@@ -97,6 +112,8 @@ def _chain_verify_stage1(
     split_len = tl.cdiv(total, eff_splits)
     start = split * split_len
     end = tl.minimum(start + split_len, total)
+    if FAULT == 3:  # test fault drop_first_split: the first of several splits reads no key
+        end = tl.where((split == 0) & (eff_splits > 1), start, end)
 
     rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < NDT * GROUP
@@ -104,6 +121,10 @@ def _chain_verify_stage1(
     tok = b * NDT + j
     head = kvh * GROUP + rows % GROUP
     limit = prefix + j + 1  # keys [0, limit) are visible to draft position j
+    if FAULT == 1:  # test fault causal_plus_one (keys past the chain stay unread: end <= total)
+        limit = limit + 1
+    if FAULT == 2:  # test fault causal_minus_one
+        limit = limit - 1
 
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -338,6 +359,30 @@ def _stage1_num_stages(args: tuple, grid: tuple, cfg: dict) -> int:
     return n
 
 
+def parse_test_fault(raw: str | None) -> int:
+    """The ``FAULT`` constexpr for a value of :data:`TEST_FAULT_ENV` (None or blank: 0).
+    Raises ValueError, one line naming the variable and the valid values, on any other value."""
+    value = (raw or "").strip()
+    if not value:
+        return 0
+    if value not in TEST_FAULTS:
+        raise ValueError(f"{TEST_FAULT_ENV}={raw!r}: use one of {', '.join(TEST_FAULTS)}, or unset "
+                         f"it (a test-only fault of the chain verify attention)")
+    return TEST_FAULTS[value]
+
+
+_TEST_FAULT: list = []  # the parsed switch, once per process
+
+
+def read_test_fault() -> int:
+    """:func:`parse_test_fault` of the environment, read at the first call only."""
+    if not _TEST_FAULT:
+        _TEST_FAULT.append(parse_test_fault(os.environ.get(TEST_FAULT_ENV)))
+    return _TEST_FAULT[0]
+
+
+
+
 def v_is_k_prefix(k_buffer: torch.Tensor, v_buffer: torch.Tensor, shape: ChainVerifyShape) -> bool:
     """True when ``v_buffer`` is the first ``head_dim_v`` columns of ``k_buffer`` (MLA's latent:
     SGLang's MLA pool hands the kernel ``k_buffer[..., :kv_lora_rank]`` as the values) and those are
@@ -365,7 +410,9 @@ def chain_verify_attention_fwd(
     on inconsistent shapes. ``stage1_overrides``: stage-1 launch settings replacing
     ``launch_config``'s (keys ``BLOCK_N``, ``num_warps``, ``num_stages``, ``V_FROM_K``; for the kernel
     benchmark's tuning mode); ``V_FROM_K`` needs ``v_buffer`` to be the first ``Dv`` columns of
-    ``k_buffer`` with ``Dv == Dk - rope_dim`` (ValueError otherwise).
+    ``k_buffer`` with ``Dv == Dk - rope_dim`` (ValueError otherwise). With :data:`TEST_FAULT_ENV`
+    set, a launch with ``seq_lens_include_chain=False`` computes that test fault (module
+    docstring); an unknown value raises ValueError at the first launch.
     """
     bs = req_pool_indices.shape[0]
     t = bs * shape.num_draft_tokens
@@ -395,6 +442,9 @@ def chain_verify_attention_fwd(
         raise ValueError("chain verify: V_FROM_K needs v_buffer = k_buffer[..., :Dv] with "
                          "Dv = Dk - rope_dim")
     cfg1.update(overrides)
+    fault = read_test_fault()  # validated for every role, applied to the verify role only
+    if fault and not seq_lens_include_chain:
+        cfg1["FAULT"] = fault
     grid1 = (bs, shape.num_kv_heads * shape.row_blocks, num_kv_splits)
     args1 = (
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, att_out, att_lse,
@@ -422,9 +472,17 @@ def chain_verify_attention_ref(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_draft_tokens: int, sm_scale: float, logit_cap: float = 0.0,
-    seq_lens_include_chain: bool = False,
+    seq_lens_include_chain: bool = False, fault: str | None = None, num_kv_splits: int = 1,
 ) -> torch.Tensor:
-    """Plain PyTorch float64 reference of the same function (slow; for tests). Returns [T, H, Dv]."""
+    """Plain PyTorch float64 reference of the same function (slow; for tests). Returns [T, H, Dv].
+
+    ``fault``: one of :data:`TEST_FAULTS` (or None), computed as the kernel's test fault switch
+    computes it (not for ``seq_lens_include_chain``); ``drop_first_split`` needs the launch's
+    ``num_kv_splits``. Raises ValueError for another fault name."""
+    if fault is not None and fault not in TEST_FAULTS:
+        raise ValueError(f"chain verify reference: fault {fault!r}: use one of {', '.join(TEST_FAULTS)}")
+    if seq_lens_include_chain:
+        fault = None
     t, h, _ = q.shape
     kvh = k_buffer.shape[1]
     out = torch.empty(t, h, v_buffer.shape[2], dtype=torch.float64, device=q.device)
@@ -435,7 +493,16 @@ def chain_verify_attention_ref(
             if seq_lens_include_chain:
                 prefix = max(prefix - num_draft_tokens, 0)
             n = prefix + jj + 1
-            locs = row[:n].long()
+            first = 0
+            if fault == "causal_plus_one":
+                n = min(n + 1, prefix + num_draft_tokens)
+            elif fault == "causal_minus_one":
+                n -= 1
+            elif fault == "drop_first_split":
+                total = prefix + num_draft_tokens
+                eff = min(num_kv_splits, -(-total // MIN_KEYS_PER_SPLIT))
+                first = -(-total // eff) if eff > 1 else 0
+            locs = row[first:n].long()
             tt = i * num_draft_tokens + jj
             for hh in range(h):
                 g = hh // (h // kvh)
