@@ -9,7 +9,7 @@
 models) and then runs ``python3 test/run_suite.py $SUITE``; it packs the logs and caches after.
 
 A NAME is a suite of ``SUITES`` (``demo``, ``kernel``, ``selftest``, ``e2e``, ``mla``, ``reliability``,
-``profile``, ``bench``, ``kbench``, ``capture``, ``shard``, ``shard_triton``, ``shard_marlin``,
+``profile``, ``accept_attn``, ``bench``, ``kbench``, ``capture``, ``shard``, ``shard_triton``, ``shard_marlin``,
 ``shard_wrapped``, ``shard_bench``, ``shard_bench_lean``, ``all``), one stage of a suite (e.g. ``nan``,
 ``sanitizer``, ``accept``), ``wait`` (a barrier: wait for the stages running at once; the rest run
 one at a time) or ``-NAME`` (leave that suite's or stage's stages out: ``reliability -sanitizer``).
@@ -96,7 +96,8 @@ class Stage:
     ``env``: variables set for the stage (a string, or an :class:`Arg`: its words joined).
     ``alone``: never beside other stages (timing; compute-sanitizer). ``memcheck`` ``kernel``:
     the command runs under compute-sanitizer; ``server``: the test servers do. ``needs_pair``:
-    the constructed target/draft pair (``scripts/accept_pair.py``, real weights) is made first.
+    the constructed target/draft pair (``scripts/accept_pair.py``, real weights) is made first;
+    ``needs_attn_pair``: its attention pair (``accept_pair.py --attention``).
     ``report``: its benchmark lines for the summary (``bench``, ``capture``, ``kbench``) and
     ``results``: the JSON it writes in ``{work}``, copied into ``$OUT``. ``e2e_report``: its
     ``e2e_results.json`` lines (startup, parity, concurrency, counters) in the summary.
@@ -114,6 +115,7 @@ class Stage:
     alone: bool = False
     memcheck: str = ""
     needs_pair: bool = False
+    needs_attn_pair: bool = False
     report: str = ""
     results: str = ""
     e2e_report: bool = False
@@ -181,6 +183,7 @@ SELFTEST = "test/gpu/test_runner_selftest.py"
 E2E = "test/e2e/test_server_e2e.py"
 RELIAB = "test/e2e/test_reliability_e2e.py"
 ACCEPT = "test/e2e/test_accept_length_e2e.py"
+ACCEPT_ATTN = "test/e2e/test_accept_attention_e2e.py"
 
 # ------------------------------------------------------------------------------ the stages
 KERNEL_ST = Stage(  # 45 s warm (kernel cases only); a cold Triton cache compiles every tiling first
@@ -243,6 +246,18 @@ ACCEPT_ST = Stage(  # ours / upstream / eager accept lengths on the constructed 
 ACCEPT_SHAPE_ST = Stage(  # num_steps 1, 2, 5 on ours (3 servers): 446 s at once with 9 other stages
     "accept_shape", pytest_cmd("server", ACCEPT, stop_first=False), "ACCEPT_TMO", 300, 200, needs_pair=True,
     env=(("ACCEPT_STEPS", "1 2 5"),))
+
+
+def _accept_attn(name: str, k: str, est_s: int) -> Stage:
+    return Stage(name, pytest_cmd("server", ACCEPT_ATTN, "-k", k, stop_first=False), "ACCEPT_ATTN_TMO", 420,
+                 est_s, needs_attn_pair=True)
+
+
+# the attention pair, one test group each (so they run at once); est (not measured): ~60 s per server
+# start and its 16 x 96 tokens, as in stage accept
+ACCEPT_ATTN_P1 = _accept_attn("accept_attn_p1", "parity and not 64", 200)  # plain, upstream, ours at page 1
+ACCEPT_ATTN_P64 = _accept_attn("accept_attn_p64", "parity and 64", 140)  # upstream, ours at page 64
+ACCEPT_ATTN_FAULT = _accept_attn("accept_attn_fault", "fault", 200)  # ours with each of the 3 test faults
 
 
 def _reliab(name: str, k: str, est_s: int) -> Stage:
@@ -376,6 +391,11 @@ SUITES: dict[str, Suite] = {
         "64, feature mix, sampling; then compute-sanitizer memcheck on kernel cases and a server", 600,
         (ACCEPT_ST, ACCEPT_SHAPE_ST, RELIAB_KV1, RELIAB_KV64, RELIAB_MIX, RELIAB_SAMPLING, SANITIZER),
         parallel=True, total_s=1000),
+    "accept_attn": Suite(  # est (not measured): the longest of the 3 stages, +50% for running at once
+        "the attention pair (its greedy tokens go through the verify attention): greedy parity ours / "
+        "upstream / plain with every accepted count at page 1 and 64, and ours under each chain-kernel "
+        "test fault (SGLANG_VERIFY_GRAPH_TEST_FAULT) changing every output as simulated", 300,
+        (ACCEPT_ATTN_P1, ACCEPT_ATTN_P64, ACCEPT_ATTN_FAULT), parallel=True),
     "profile": Suite(
         "the per-phase profile on a real server: profile lines, counters, /metrics, the advisor on "
         "the log (PROFILE_MODEL)", 165, (PROFILE_ST,)),
@@ -423,7 +443,7 @@ def _suite_stages(name: str, environ: Mapping[str, str]) -> list[Stage]:
     return out
 
 
-_ALL = ("demo", "kernel", "selftest", "mla", "reliability", "e2e", "profile", "kbench", "bench")
+_ALL = ("demo", "kernel", "selftest", "mla", "reliability", "accept_attn", "e2e", "profile", "kbench", "bench")
 SUITES["all"] = Suite(  # one stage at a time: the sum of the stages' estimates
     "every suite above, one stage at a time, except capture (repeated engine starts: run it alone) "
     "and the shard suites (72 GiB models, their own calls); raise TOTAL_S",
@@ -692,15 +712,17 @@ class Runner:
 
     # -- the whole plan
     def make_pair(self) -> None:
-        """The constructed-agreement pair (real weights, ~100 MB) for the stages that need it."""
-        if not any(s != WAIT and s.needs_pair for s in self.st.plan):
-            return
-        with open(os.path.join(self.logs, "make_models.txt"), "a") as log:
-            r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "accept_pair.py"), self.models],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        if r.returncode:
-            tail = open(os.path.join(self.logs, "make_models.txt"), errors="replace").read().splitlines()[-3:]
-            self.say(f"accept_pair FAILED: {' '.join(tail)}")
+        """The constructed-agreement pairs (real weights, ~100 MB each) for the stages that need
+        them: the plain pair, the attention pair (``--attention``)."""
+        for flag, extra in (("needs_pair", []), ("needs_attn_pair", ["--attention"])):
+            if not any(s != WAIT and getattr(s, flag) for s in self.st.plan):
+                continue
+            with open(os.path.join(self.logs, "make_models.txt"), "a") as log:
+                r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "accept_pair.py"), self.models,
+                                    *extra], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            if r.returncode:
+                tail = open(os.path.join(self.logs, "make_models.txt"), errors="replace").read().splitlines()[-3:]
+                self.say(f"accept_pair {' '.join(extra)} FAILED: {' '.join(tail)}".replace("  ", " "))
 
     def run(self) -> int:
         st = self.st

@@ -309,3 +309,21 @@ def test_each_fault_changes_every_server_test_request(attn):
             first.append(next((i for i, (a, b) in enumerate(zip(ok, bad)) if a != b), None))
         print(f"fault {fault}: first changed output token per request {first}")
         assert None not in first, (fault, first)
+
+
+def test_reference_forward_is_transformers_llama(attn):
+    """The float reference (RoPE convention, GQA head mapping, weight layout, norms) against
+    transformers' LlamaForCausalLM built from the pair's own config.json contents."""
+    transformers = pytest.importorskip("transformers")
+    maps, target, _, _ = attn
+    _, cfg, _ = ap._configs()
+    config = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    missing, unexpected = model.load_state_dict(target, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    ids = ap.attention_prompts(1, seed=9, lo=300, hi=301)[0]
+    with torch.no_grad():
+        hf = model(torch.tensor([ids])).logits[0].float()
+    ref, _ = ap.reference_logits(target, ids)
+    assert float((hf - ref).abs().max()) < 1e-3
+    assert hf[1:].argmax(-1).tolist() == [maps["g"][t] for t in ids[1:]]
