@@ -327,3 +327,40 @@ def test_reference_forward_is_transformers_llama(attn):
     ref, _ = ap.reference_logits(target, ids)
     assert float((hf - ref).abs().max()) < 1e-3
     assert hf[1:].argmax(-1).tolist() == [maps["g"][t] for t in ids[1:]]
+
+
+def _reference_simulate(maps, sd, prompt, max_new_tokens, fault):
+    """``accept_pair.simulate`` with every verify step's (and the prefill's) greedy tokens taken
+    from the float reference forward (bf16), ``fault`` applied to the chain rows as the kernel's
+    test fault switch applies it."""
+    g, d1, G = maps["g"], maps["d1"], maps["G"]
+    first = ap.reference_logits(sd, prompt, bf16=True)[0][-1].argmax().item()
+    assert first == g[prompt[-1]]
+    y, out, accepted = prompt[-1], [first], []
+    while len(out) < max_new_tokens:
+        drafts = [d1[y]]
+        for _ in range(NDT - 2):
+            drafts.append(G[drafts[-1]])
+        chain, prefix = [out[-1]] + drafts, prompt + out[:-1]
+        ids = prefix + chain
+        logits = ap.reference_logits(sd, ids, chain_start=len(prefix),
+                                     fault=_faults(len(prefix), len(ids))[fault], bf16=True)[0]
+        preds = logits[len(prefix):].argmax(-1).tolist()
+        a = 0
+        while a < NDT - 1 and drafts[a] == preds[a]:
+            a += 1
+        accepted.append(a)
+        out.extend(drafts[:a] + [preds[a]])
+        y = chain[a]
+    return {"output_ids": out[:max_new_tokens], "accepted": accepted}
+
+
+@pytest.mark.parametrize("fault", ap.FAULTS)
+def test_the_faulted_simulation_is_the_reference_forward_step_by_step(attn, fault):
+    """simulate(fault=...) against the float forward at every cycle of one request whose length
+    crosses MIN_KEYS_PER_SPLIT (drop_first_split starts to drop BOS there)."""
+    maps, _, bf, _ = attn
+    prompt = ap.attention_prompts(1, seed=12, lo=50, hi=51)[0]
+    want = ap.simulate(maps, prompt, 40, NDT - 1, fault=fault)
+    assert _reference_simulate(maps, bf, prompt, 40, fault) == want
+    assert want["output_ids"] != ap.simulate(maps, prompt, 40, NDT - 1)["output_ids"]
