@@ -39,7 +39,7 @@ The attention pair (``attention=True``; the plain pair's target never reads its 
 so a wrong verify attention at draft positions >= 1 cannot change its tokens). Every prompt starts
 with BOS (id 1) at position 0; ``V`` is a power of two, ``b = log2 V`` bits. Each id ``t`` has a
 unique ``b``-bit code (:func:`make_codes`): ``b - 1`` bits ``h(t)`` (as +-1) and a sign ``s(t)``;
-ids 0/1 share ``h``.
+ids 0/1 share ``h`` (so no single fault makes the target emit pad or BOS).
 
 * residual: ``e_t`` plus 1 in the bias dim ``V`` (the embedding); layer 0's attention adds
   ``b + 1`` features in dims ``V + 1 ..``: ``h`` of the token its self head attends to, then
@@ -61,6 +61,8 @@ ids 0/1 share ``h``.
   Correct features: ``g(t)`` by 2 (18 logits). Self head on another token ``a``: ``g`` of the id
   with code ``(h(a), s(t))``; BOS missing: ``g(p(t))``, each by the same margin.
   :func:`attention_prediction` is that rule, :func:`reference_logits` the float forward.
+* draft: the plain pair's. ``fc`` reads only the token dims of the aux states, so the bias and
+  the features (correct or faulted) never reach it.
 """
 from __future__ import annotations
 
