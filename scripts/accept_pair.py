@@ -556,6 +556,8 @@ def main(argv=None) -> int:
                     help="write the attention pair (llama-pair-attn): its target's greedy token "
                          "goes through its verify attention")
     a = ap.parse_args(argv)
+    if not 0.0 <= a.agree <= 1.0:
+        ap.error(f"--agree {a.agree}: want a share in [0, 1]")
     for d in write_pair(a.out, a.agree, a.seed, a.attention):
         print(f"wrote {d}", flush=True)
     return 0
