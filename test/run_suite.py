@@ -258,6 +258,17 @@ def _accept_attn(name: str, k: str, est_s: int) -> Stage:
 ACCEPT_ATTN_P1 = _accept_attn("accept_attn_p1", "parity and not 64", 200)  # plain, upstream, ours at page 1
 ACCEPT_ATTN_P64 = _accept_attn("accept_attn_p64", "parity and 64", 140)  # upstream, ours at page 64
 ACCEPT_ATTN_FAULT = _accept_attn("accept_attn_fault", "fault", 200)  # ours with each of the 3 test faults
+# the self-test's upstream reference on the attention pair (attention reaches the logits), then
+# with a test fault in our kernel: the reference must see it (est, not measured: ~100 s each)
+SELFTEST_ATTN = Stage(
+    "selftest_attn", pytest_cmd("gpu", SELFTEST, "-k", "graph_equals or page_boundary"), "SELFTEST_TMO", 240,
+    100, needs_attn_pair=True,
+    env=(("VERIFY_GRAPH_SELFTEST_MODEL", "llama-pair-attn"), ("VERIFY_GRAPH_SELFTEST_PORT", "31877")))
+SELFTEST_FAULT = Stage(
+    "selftest_fault", pytest_cmd("gpu", SELFTEST, "-k", "upstream"), "SELFTEST_TMO", 240, 100,
+    needs_attn_pair=True,
+    env=(("VERIFY_GRAPH_SELFTEST_MODEL", "llama-pair-attn"), ("VERIFY_GRAPH_SELFTEST_PORT", "31878"),
+         ("SGLANG_VERIFY_GRAPH_TEST_FAULT", Arg("SELFTEST_FAULT", "causal_plus_one"))))
 
 
 def _reliab(name: str, k: str, est_s: int) -> Stage:
@@ -394,8 +405,9 @@ SUITES: dict[str, Suite] = {
     "accept_attn": Suite(  # est (not measured): the longest of the 3 stages, +50% for running at once
         "the attention pair (its greedy tokens go through the verify attention): greedy parity ours / "
         "upstream / plain with every accepted count at page 1 and 64, and ours under each chain-kernel "
-        "test fault (SGLANG_VERIFY_GRAPH_TEST_FAULT) changing every output as simulated", 300,
-        (ACCEPT_ATTN_P1, ACCEPT_ATTN_P64, ACCEPT_ATTN_FAULT), parallel=True),
+        "test fault (SGLANG_VERIFY_GRAPH_TEST_FAULT) changing every output as simulated; the self-test's "
+        "upstream reference on the pair, and seeing a test fault", 300,
+        (ACCEPT_ATTN_P1, ACCEPT_ATTN_P64, ACCEPT_ATTN_FAULT, SELFTEST_ATTN, SELFTEST_FAULT), parallel=True),
     "profile": Suite(
         "the per-phase profile on a real server: profile lines, counters, /metrics, the advisor on "
         "the log (PROFILE_MODEL)", 165, (PROFILE_ST,)),

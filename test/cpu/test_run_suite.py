@@ -32,7 +32,7 @@ WANT_FILES = {
     "reliability": {"test/e2e/test_accept_length_e2e.py", "test/e2e/test_reliability_e2e.py",
                     "test/gpu/test_chain_kernel_gpu.py", "test/gpu/test_runner_selftest.py"},
     "profile": {"test/e2e/test_profile_e2e.py"},
-    "accept_attn": {"test/e2e/test_accept_attention_e2e.py"},
+    "accept_attn": {"test/e2e/test_accept_attention_e2e.py", "test/gpu/test_runner_selftest.py"},
     "bench": {"benchmark/bench_verify.py"},
     "kbench": {"benchmark/bench_chain_kernel.py"},
     "capture": {"benchmark/bench_capture.py"},
