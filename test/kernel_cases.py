@@ -29,7 +29,8 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
     ``block_rows``: ``ChainVerifyShape.block_rows`` (0: the kernel's own policy).
     ``seq_lens_include_chain``: ``seq_lens`` are ``DRAFT_EXTEND_V2`` lengths (prefix + ndt; a
     value below ndt is a padded row, prefix 0). ``per_row``: return the largest relative error of
-    one (token, head) row instead of the whole tensor's (one bad row in thousands cannot hide).
+    one (token, head) row instead of the whole tensor's (one bad row in thousands cannot hide);
+    ``"both"``: the pair ``(whole, per_row)``.
     ``stage1_overrides``: passed to ``chain_verify_attention_fwd`` (launch settings under test).
     ``ref_fault``: the test fault the reference computes (``chain_verify_attention_ref``'s
     ``fault``; the kernel's comes from ``SGLANG_VERIFY_GRAPH_TEST_FAULT``)."""
@@ -61,6 +62,8 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
                                      fault=ref_fault, num_kv_splits=ns)
     out = o.cpu().double()
     assert not torch.isnan(out).any(), "unwritten or NaN output rows"
-    if per_row:
-        return ((out - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)).max().item()
-    return ((out - ref).norm() / ref.norm()).item()
+    whole = ((out - ref).norm() / ref.norm()).item()
+    row = ((out - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)).max().item()
+    if per_row == "both":
+        return whole, row
+    return row if per_row else whole
