@@ -432,7 +432,7 @@ def edit_model_runner(lines: list[str], rel: str) -> list[str]:
         "            ):\n",
         "                # --enable-verify-cuda-graph: this verify runs without the verify graph;\n",
         "                # counted under the reason its can_run_graph recorded.\n",
-        "                verify_counters.count_eager_verify()\n",
+        "                verify_counters.count_eager_verify(forward_batch.batch_size)\n",
         "            if forward_batch.forward_mode.is_draft_extend_v2():\n",
         "                from sglang.srt.model_executor.runner import verify_graph_capture\n",
         "\n",
@@ -476,6 +476,15 @@ def edit_draft_utils(lines: list[str], rel: str) -> list[str]:
 
 
 def edit_eagle_worker_v2(lines: list[str], rel: str) -> list[str]:
+    v = _find(lines, "    def verify(self, batch: ScheduleBatch):", 0, rel, exact=True)
+    w = _find(lines, "        return run_eagle_verify(", v, rel, exact=True)
+    lines[w:w] = [
+        "        from sglang.srt.model_executor.runner.verify_graph_counters import get_counters\n",
+        "\n",
+        "        verify_counters = get_counters()\n",
+        "        if verify_counters is not None:  # --enable-verify-cuda-graph: SGLang's own step count\n",
+        "            verify_counters.count_verify_step(batch.batch_size())\n",
+    ]
     i = _find(lines, "    def _draft_extend_for_decode(", 0, rel)
     j = _find(lines, "                draft_logits_output = self.cuda_graph_runner_for_draft_extend.execute(",
               i, rel, exact=True)

@@ -205,7 +205,7 @@ _DRIVER = textwrap.dedent("""
         mr = SimpleNamespace(device="cuda", attn_backend=None, decode_cuda_graph_runner=runner,
                              hisparse_coordinator=None, _prepare_eager_forward_batch=eager)
         try:
-            ModelRunner._forward_raw(mr, SimpleNamespace(forward_mode=mode), None)
+            ModelRunner._forward_raw(mr, SimpleNamespace(forward_mode=mode, batch_size=3), None)
         except Eager:
             return "eager"
 
@@ -213,6 +213,19 @@ _DRIVER = textwrap.dedent("""
                     forward(ForwardMode.DECODE, Refusing(counters)),
                     forward(ForwardMode.TARGET_VERIFY, Refusing(None))]
     out["fallbacks"] = dict(counters.fallbacks)
+    out["eager_requests"] = counters.eager_requests
+
+    # EAGLEWorkerV2.verify: SGLang's own count of verify steps and their requests
+    from sglang.srt.speculative import eagle_worker_v2
+
+    eagle_worker_v2.run_eagle_verify = lambda batch, **kwargs: "verified"
+    worker = SimpleNamespace(**{n: None for n in (
+        "target_worker", "req_to_token_pool", "token_to_kv_pool_allocator", "plan_stream",
+        "plan_stream_ctx", "topk", "speculative_num_steps", "speculative_num_draft_tokens", "device")})
+    verify_graph_counters_mod = importlib.import_module("sglang.srt.model_executor.runner.verify_graph_counters")
+    verify_graph_counters_mod.install_counters(counters)
+    out["verify"] = eagle_worker_v2.EAGLEWorkerV2.verify(worker, SimpleNamespace(batch_size=lambda: 5))
+    out["verify_steps"] = [counters.verify_steps, counters.verify_requests]
 
     # the draft side: an eager DRAFT_EXTEND_V2 of a draft served by the chain draft-extend backend
     # is counted in _forward_raw (another backend's is not), and the factory's backend goes
@@ -267,7 +280,8 @@ def test_patched_tree_serves_the_flag_natively(applied, tiny_model_dirs):
                                      "verify graph serves ChainVerifyTritonBackend, but this model got "
                                      "another attention backend") and "\n" not in out["refusal"]
     assert out["eager"] == ["eager", "eager", "eager"]
-    assert out["fallbacks"] == {"batch_size_above_max_captured": 1}
+    assert out["fallbacks"] == {"batch_size_above_max_captured": 1} and out["eager_requests"] == 3
+    assert out["verify"] == "verified" and out["verify_steps"] == [1, 5]
     assert out["draft_extend_eager"] == 1
     assert out["draft_extend_backend"] == ["chosen", "draft runner", "triton backend"]
 
