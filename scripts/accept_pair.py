@@ -247,6 +247,20 @@ def simulate(maps: dict, prompt: list, max_new_tokens: int, num_steps: int,
     return {"output_ids": out[:max_new_tokens], "accepted": accepted}
 
 
+def accepted_histogram(accepted: list) -> list:
+    """Cycles per accepted-draft count (index 0..max(accepted)) of one request, as SGLang's
+    ``spec_correct_drafts_histogram`` reports them after :func:`trim_histogram`."""
+    return [accepted.count(k) for k in range(max(accepted) + 1)] if accepted else []
+
+
+def trim_histogram(h: list) -> list:
+    """``h`` without its trailing zeros (SGLang's histogram has one slot per possible count)."""
+    h = list(h)
+    while h and h[-1] == 0:
+        h.pop()
+    return h
+
+
 def _configs() -> tuple:
     from sglang_verify_graph import dummy_models as mm
 

@@ -364,3 +364,11 @@ def test_the_faulted_simulation_is_the_reference_forward_step_by_step(attn, faul
     want = ap.simulate(maps, prompt, 40, NDT - 1, fault=fault)
     assert _reference_simulate(maps, bf, prompt, 40, fault) == want
     assert want["output_ids"] != ap.simulate(maps, prompt, 40, NDT - 1)["output_ids"]
+
+
+def test_histogram_of_a_simulation_matches_sglangs_trimmed_histogram():
+    """The prediction the e2e tests compare with SGLang's ``spec_correct_drafts_histogram``:
+    cycles per accepted count, SGLang's trailing empty slots dropped."""
+    assert ap.accepted_histogram([0, 2, 2, 3, 0]) == [2, 0, 2, 1]
+    assert ap.accepted_histogram([]) == []
+    assert ap.trim_histogram([5, 0, 1, 0, 0]) == [5, 0, 1] and ap.trim_histogram([0, 0]) == []

@@ -111,7 +111,7 @@ def _run(pair, mode, page=1, fault=None):
     run = {
         "output_ids": [o["output_ids"] for o in outs],
         "verify_ct": [o["meta_info"].get("spec_verify_ct") for o in outs],
-        "histogram": [_trim(o["meta_info"].get("spec_correct_drafts_histogram") or []) for o in outs],
+        "histogram": [ap.trim_histogram(o["meta_info"].get("spec_correct_drafts_histogram") or []) for o in outs],
         "plugin": state,
     }
     RESULTS[name] = run
@@ -119,20 +119,9 @@ def _run(pair, mode, page=1, fault=None):
     return run
 
 
-def _trim(h):
-    h = list(h)
-    while h and h[-1] == 0:
-        h.pop()
-    return h
-
-
 def _predicted(maps, fault=None):
     sims = [ap.simulate(maps, p, TOKENS, STEPS, fault=fault) for p in PROMPTS]
-    hists = []
-    for s in sims:
-        c = Counter(s["accepted"])
-        hists.append([c.get(k, 0) for k in range(max(c) + 1)])
-    return sims, hists
+    return sims, [ap.accepted_histogram(s["accepted"]) for s in sims]
 
 
 def _replayed_every_step(run):

@@ -106,18 +106,7 @@ def _serve_and_collect(pair, mode, steps):
 
 def _predicted(maps, steps):
     sims = [ap.simulate(maps, p, TOKENS, steps) for p in PROMPTS]
-    hists = []
-    for s in sims:
-        c = Counter(s["accepted"])
-        hists.append([c.get(k, 0) for k in range(max(c) + 1)])
-    return sims, hists
-
-
-def _trim(h):
-    h = list(h)
-    while h and h[-1] == 0:
-        h.pop()
-    return h
+    return sims, [ap.accepted_histogram(s["accepted"]) for s in sims]
 
 
 @pytest.mark.skipif(3 not in STEPS, reason="ACCEPT_STEPS has no 3")
@@ -133,7 +122,7 @@ def test_accept_length_equal_ours_upstream_eager(pair):
         assert run["output_ids"] == [s["output_ids"] for s in sims], f"{mode}: output != g-chain"
     for field in ("verify_ct", "histogram", "accept_length"):
         assert runs["ours"][field] == runs["upstream"][field] == runs["eager"][field], field
-    got = [_trim(h) for h in runs["ours"]["histogram"]]
+    got = [ap.trim_histogram(h) for h in runs["ours"]["histogram"]]
     assert got == hists, f"histograms differ from the prediction: got {got[:3]} want {hists[:3]}"
     assert runs["ours"]["verify_ct"] == [len(s["accepted"]) for s in sims]
     st = runs["ours"]["plugin"]
@@ -152,7 +141,7 @@ def test_shape_contract_num_steps(pair, steps):
     assert st["num_draft_tokens"] == steps + 1, st
     assert st["fallback_total"] == 0 and st["replays"] == st["verify_steps"] > 0, st
     assert run["output_ids"] == [s["output_ids"] for s in sims]
-    assert [_trim(h) for h in run["histogram"]] == hists
+    assert [ap.trim_histogram(h) for h in run["histogram"]] == hists
 
 
 @pytest.mark.skipif(3 not in STEPS, reason="ACCEPT_STEPS has no 3")
