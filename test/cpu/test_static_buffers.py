@@ -98,3 +98,59 @@ def test_the_declaration_names_every_buffer_its_shape_and_what_padded_rows_hold(
                  "hidden_states (aux, FULL)[16, 24] pad=computed, discarded", "chain_att_out[64] pad=scratch",
                  "chain_att_lse[8] pad=scratch"):
         assert part in text
+
+
+@pytest.mark.parametrize("name", ("input_ids", "positions", "out_cache_loc", "req_pool_indices"))
+def test_each_int64_input_given_as_int32_is_named(name):
+    """Every index input but ``seq_lens`` must be int64 (the graph's kernels index with it)."""
+    b = sglang_buffers(4, 4)
+    setattr(b, name, getattr(b, name).to(torch.int32))
+    with pytest.raises(RuntimeError, match=rf"static buffer {name} is \(\d+,\) torch.int32, expected at "
+                                           rf"least \(\d+,\) torch.int64$"):
+        declared(4, 4).check_inputs(b)
+
+
+def test_an_input_the_buffers_object_lacks_is_reported_missing():
+    """A ``DecodeInputBuffers`` of another SGLang version without the field at all (not ``None``):
+    the same one-line RuntimeError, not an AttributeError."""
+    from types import SimpleNamespace
+
+    b = sglang_buffers(4, 4)
+    fields = {n: getattr(b, n) for n in INPUTS if n != "req_pool_indices"}
+    with pytest.raises(RuntimeError, match=r"^verify graph: static buffer req_pool_indices missing$"):
+        declared(4, 4).check_inputs(SimpleNamespace(**fields))
+
+
+def test_the_declared_input_dtypes_are_the_ones_sglang_allocates():
+    """The declaration states SGLang's own buffers: each input's declared dtype is the dtype
+    ``DecodeInputBuffers.create`` gives it (all int64 on the default cache-location dtype)."""
+    b = sglang_buffers(4, 4)
+    specs = {s.name: s for s in declared(4, 4).declare()}
+    for name in INPUTS:
+        assert specs[name].dtype == getattr(b, name).dtype == torch.int64, name
+
+
+def test_the_declared_scratch_is_what_the_chain_backend_allocates():
+    """The runner declares ``chain_att_out`` / ``chain_att_lse`` from the chain backend's
+    ``chain_workspace_numel``: the declaration's sizes and dtypes are those of the tensors
+    ``init_cuda_graph_state`` allocates for the largest bucket (fp32 partials)."""
+    from conftest import chain_backend_stub, chain_config
+    from sglang_verify_graph import chain_backend as cb
+
+    backend, _, _, _ = chain_backend_stub(cb.ChainVerifyTritonBackend)
+    backend.device, backend.device_core_count, backend.verify_cfg = "cpu", 132, chain_config()
+    backend.init_cuda_graph_state(max_bs=8, max_num_tokens=8 * 3)
+    n_out, n_lse = backend.chain_workspace_numel
+    spec = VerifyStaticBuffers(max_bs=8, num_draft_tokens=3, hidden_size=8, num_aux_hidden=3,
+                               vocab_size=32, chain_out_numel=n_out, chain_lse_numel=n_lse)
+    specs = {s.name: s for s in spec.declare()}
+    for name, live in zip(("chain_att_out", "chain_att_lse"), backend._chain_static):
+        assert specs[name].shape == tuple(live.shape) and specs[name].dtype == live.dtype, name
+    assert specs["chain_att_out"].dtype == torch.float32 and n_out > 0 and n_lse > 0
+
+
+def test_the_description_is_one_entry_per_buffer_in_declaration_order():
+    spec = declared(4, 4)
+    entries = spec.describe().split("; ")
+    assert [e.split("[")[0] for e in entries] == [s.name for s in spec.declare()]
+    assert len(entries) == 9
