@@ -113,6 +113,7 @@ class VerifyCounters:
                 n, reason, f": {getattr(self, '_last_detail', '')}" if getattr(self, "_last_detail", "") else "",
             )
         self._last_reason = None
+        self._last_detail = ""  # else the next fallback's warning would name this refusal's detail
 
     def count_draft_extend_replay(self, bs: int, raw_bs: int) -> None:
         """One replay of the draft-extend graph over ``raw_bs`` requests padded to ``bs``."""
