@@ -1,0 +1,307 @@
+"""plugin.py in-process: which hooks ``install`` registers for each setting (and with which kind),
+what ``register`` does when a hook does not take effect (exit 1 with one line when the flag, the
+profile or the sync check is requested; a logged error otherwise; exit 2 for a malformed variable
+when even the CLI hooks fail), and what each runtime hook body does with its arguments.
+SGLang's registry and the runtime core (``capture``) are replaced by recorders, so nothing is
+patched in this process; the real registry is exercised in fresh interpreters by
+test_hook_installation.py, test_sglang_versions.py and test_cpu_real_server_args.py."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_verify_graph import cli, plugin, profile_hooks
+from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.config import FLAG, EnvSettings, VerifyGraphConfigError
+
+AFTER, AROUND, BEFORE = adapter.HookType.AFTER, adapter.HookType.AROUND, adapter.HookType.BEFORE
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Records what ``install`` hands SGLang: ``calls`` (each hook list), ``factories`` (each
+    attention-factory wrap) and answers ``missing`` (targets that did not take effect)."""
+    rec = SimpleNamespace(calls=[], factories=[], missing=[], factory_error=None)
+
+    def install_hooks(hooks):
+        rec.calls.append(list(hooks))
+        return list(rec.missing)
+
+    def install_attention_factory(name, wrap):
+        if rec.factory_error:
+            raise rec.factory_error
+        rec.factories.append((name, wrap))
+
+    monkeypatch.setattr(adapter, "install_hooks", install_hooks)
+    monkeypatch.setattr(adapter, "install_attention_factory", install_attention_factory)
+    monkeypatch.setattr(adapter, "argv_requests_flag", lambda flag: False)
+    return rec
+
+
+def _cli_table():
+    validate = cli.resolve_once_hook if adapter.API_0523 else cli.post_init_hook
+    return [(adapter.ADD_CLI_ARGS, cli.add_cli_args_hook, AFTER),
+            (adapter.FROM_CLI_ARGS, cli.from_cli_args_hook, AROUND),
+            (adapter.VALIDATION_POINT, cli.pre_resolution_hook, BEFORE),
+            (adapter.VALIDATION_POINT, validate, AFTER),
+            (adapter.CONFIG_MERGER, cli.merge_config_hook, AROUND)]
+
+
+def _runtime_table():
+    graph = ((adapter.DECODE_RUNNER_CLS, plugin.decode_runner_cls_hook, AROUND) if adapter.API_0523
+             else (adapter.CAPTURE_DECODE_GRAPH, plugin.capture_decode_graph_hook, AROUND))
+    return [graph,
+            (adapter.FORWARD_RAW, plugin.forward_raw_hook, AROUND),
+            (adapter.VERIFY, plugin.verify_step_hook, AROUND),
+            (adapter.CREATE_DRAFT_EXTEND_BACKEND, plugin.draft_extend_backend_hook, AROUND),
+            (adapter.DRAFT_EXTEND_EXECUTE, plugin.draft_extend_execute_hook, AROUND),
+            (adapter.BUILD_VERIFY_INPUT, plugin.build_verify_input_hook, AROUND),
+            (adapter.GET_INTERNAL_STATE, plugin.internal_state_hook, AFTER)]
+
+
+_PROFILE = [(adapter.CYCLE, profile_hooks.profile_cycle_hook, AROUND),
+            (adapter.DRAFT, profile_hooks.profile_draft_hook, AROUND),
+            (adapter.VERIFY, profile_hooks.profile_verify_hook, AROUND),
+            (adapter.DRAFT_EXTEND, profile_hooks.profile_draft_extend_hook, AROUND)]
+
+
+def test_hook_kinds_match_the_bodies_signatures():
+    """An AFTER body takes ``(result, *args)``, an AROUND body ``(original, *args)``, BEFORE the
+    target's own arguments: each table entry pairs a body with the kind it is written for (the
+    tables are spelled out here from the module docstring, not read from the code)."""
+    assert plugin.cli_hooks() == _cli_table()
+    assert plugin.runtime_hooks() == _runtime_table()
+    assert plugin.profile_hooks_table() == _PROFILE
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["sgl_kernel", "no_sgl_kernel"])
+def test_sync_check_hooks_count_the_renorm_kernels_only_where_sgl_kernel_exists(monkeypatch, installed):
+    monkeypatch.setattr(adapter, "sgl_kernel_installed", lambda: installed)
+    base = [(adapter.VERIFY, plugin.sync_check_hook, AROUND),
+            (adapter.GET_INTERNAL_STATE, plugin.internal_state_hook, AFTER)]
+    renorm = [(adapter.TOP_P_RENORM, plugin.top_p_renorm_hook, AROUND),
+              (adapter.TOP_K_RENORM, plugin.top_k_renorm_hook, AROUND)]
+    assert plugin.sync_check_hooks() == base + (renorm if installed else [])
+
+
+def test_install_cli_only_registers_the_cli_hooks_and_no_factory(registry):
+    assert plugin.install(runtime=False) == []
+    assert registry.calls == [_cli_table()] and registry.factories == []
+
+
+def test_install_runtime_adds_the_runtime_hooks_and_the_triton_factory(registry):
+    assert plugin.install(runtime=True) == []
+    assert registry.calls == [_cli_table() + _runtime_table()]
+    assert registry.factories == [("triton", plugin.triton_factory)]
+
+
+def test_install_profile_and_sync_check_add_their_tables_once(registry, monkeypatch):
+    monkeypatch.setattr(adapter, "sgl_kernel_installed", lambda: False)
+    plugin.install(runtime=True, profile=True, sync_check=True)
+    hooks = registry.calls[-1]
+    assert hooks[:len(_cli_table()) + len(_runtime_table())] == _cli_table() + _runtime_table()
+    assert hooks[12:16] == _PROFILE
+    # the internal-state hook is already in the runtime table: registered once
+    assert hooks.count((adapter.GET_INTERNAL_STATE, plugin.internal_state_hook, AFTER)) == 1
+    assert hooks[-1] == (adapter.VERIFY, plugin.sync_check_hook, AROUND) and len(hooks) == 17
+    plugin.install(runtime=False, sync_check=True)
+    assert registry.calls[-1] == _cli_table() + plugin.sync_check_hooks()
+
+
+def test_install_reports_missing_targets_and_a_failed_factory(registry):
+    registry.missing = ["a.b.c"]
+    registry.factory_error = RuntimeError("no registry")
+    assert plugin.install(runtime=True) == ["a.b.c", "attention_registry['triton'] (RuntimeError: no registry)"]
+    assert plugin.install(runtime=False) == ["a.b.c"]  # the factory is runtime-only
+
+
+def _env(monkeypatch, **fields):
+    monkeypatch.setattr(plugin, "read_env", lambda: EnvSettings(**fields))
+
+
+def test_register_installs_what_the_environment_asks_and_logs_it(registry, monkeypatch, caplog):
+    _env(monkeypatch, enable=True, profile_every=5)
+    monkeypatch.setattr(adapter, "sgl_kernel_installed", lambda: False)
+    with caplog.at_level(logging.INFO, logger="sglang_verify_graph"):
+        plugin.register()
+    assert registry.calls == [_cli_table() + _runtime_table() + _PROFILE]
+    assert "hooks installed (runtime=True, profile=True, sync_check=False)" in caplog.text
+    registry.calls.clear()
+    _env(monkeypatch, sync_check=True)
+    plugin.register()
+    assert registry.calls == [_cli_table() + plugin.sync_check_hooks()] and len(registry.factories) == 1
+
+
+@pytest.mark.parametrize("fields", [dict(enable=True), dict(profile_every=1), dict(sync_check=True), {}],
+                         ids=["flag", "profile", "sync_check", "flag_on_argv"])
+def test_register_exits_1_with_one_line_when_a_requested_hook_failed(registry, monkeypatch, capsys, fields):
+    _env(monkeypatch, **fields)
+    if not fields:
+        monkeypatch.setattr(adapter, "argv_requests_flag", lambda flag: flag == FLAG)
+    registry.missing = ["x.y.z", "u.v.w"]
+    with pytest.raises(SystemExit) as info:
+        plugin.register()
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: {FLAG}: the plugin could not hook into this SGLang version (sglang "
+                   f"{adapter.SGLANG_VERSION}; supported: {', '.join(adapter.SUPPORTED_VERSIONS)}); "
+                   "not applied: x.y.z; u.v.w\n")
+
+
+def test_register_only_logs_a_failed_hook_when_nothing_is_requested(registry, monkeypatch, capsys, caplog):
+    _env(monkeypatch)
+    registry.missing = ["x.y.z"]
+    with caplog.at_level(logging.ERROR, logger="sglang_verify_graph"):
+        plugin.register()  # no SystemExit: an unrelated server keeps running
+    assert capsys.readouterr().err == ""
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
+    assert "could not hook into this SGLang version" in caplog.text and "not applied: x.y.z" in caplog.text
+
+
+def test_register_with_a_malformed_variable_installs_the_cli_hooks_only(registry, monkeypatch, capsys, caplog):
+    def bad_env():
+        raise VerifyGraphConfigError("must be an integer", "SGLANG_VERIFY_GRAPH_LOG_EVERY", "x", "set it to 0")
+
+    monkeypatch.setattr(plugin, "read_env", bad_env)
+    with caplog.at_level(logging.ERROR, logger="sglang_verify_graph"):
+        plugin.register()  # the validation point reports the variable later
+    assert registry.calls == [_cli_table()] and registry.factories == []
+    assert "SGLANG_VERIFY_GRAPH_LOG_EVERY" in caplog.text and capsys.readouterr().err == ""
+    registry.missing = ["x.y.z"]
+    with pytest.raises(SystemExit) as info:
+        plugin.register()
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {FLAG}: must be an integer") and err.count("\n") == 1
+
+
+class FakeCapture:
+    """The runtime core as the hooks see it: answers set per test, calls recorded."""
+
+    def __init__(self, **answers):
+        self.calls = []
+        self.answers = answers
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            answer = self.answers.get(name)
+            return answer(*args, **kwargs) if callable(answer) else answer
+        return call
+
+
+@pytest.fixture
+def core(monkeypatch):
+    def make(**answers):
+        fake = FakeCapture(**answers)
+        monkeypatch.setattr(plugin, "_capture", lambda: fake)
+        return fake
+    return make
+
+
+@pytest.mark.parametrize("target, cfg, expect", [(True, "CFG", "chain"), (True, None, "upstream"),
+                                                 (False, "CFG", "upstream")])
+def test_triton_factory_gives_the_chain_backend_to_the_configured_target_only(core, monkeypatch, target, cfg, expect):
+    fake = core(config_for=cfg, ChainVerifyTritonBackend=lambda runner, c: ("chain", runner, c))
+    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda runner: target)
+    made = plugin.triton_factory(lambda runner: ("upstream", runner))("MR")
+    assert made == (("chain", "MR", "CFG") if expect == "chain" else ("upstream", "MR"))
+    assert [c[0] for c in fake.calls] == (["config_for"] if target else []) + (
+        ["ChainVerifyTritonBackend"] if expect == "chain" else [])
+
+
+@pytest.mark.parametrize("how", ["kwarg", "positional"])
+def test_capture_decode_graph_hook_captures_ours_or_refuses_a_lost_flag(core, monkeypatch, how):
+    monkeypatch.setattr(adapter, "decode_graph_capture", lambda runner, mem: ("captured", runner, mem))
+    call = (lambda hook, orig: hook(orig, model_runner="MR")) if how == "kwarg" else (
+        lambda hook, orig: hook(orig, "MR"))
+    fake = core(verify_runner_kind="chain", capture_verify_runner=lambda mr: (("ours", mr), 1.5))
+    assert call(plugin.capture_decode_graph_hook, lambda *a, **k: "upstream") == ("captured", ("ours", "MR"), 1.5)
+    assert fake.calls[0] == ("verify_runner_kind", ("MR",), {})
+    fake = core(verify_runner_kind=None)
+    assert call(plugin.capture_decode_graph_hook, lambda *a, **k: ("upstream", a, k)) == (
+        ("upstream", (), {"model_runner": "MR"}) if how == "kwarg" else ("upstream", ("MR",), {}))
+    assert [c[0] for c in fake.calls] == ["verify_runner_kind", "refuse_if_flag_lost"]
+    assert fake.calls[1][1] == ("MR",)
+
+
+@pytest.mark.parametrize("kind, target, ours", [("chain", True, True), ("chain", False, False), (None, True, False)])
+def test_decode_runner_cls_hook_gives_our_class_to_the_served_target_only(core, monkeypatch, kind, target, ours):
+    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda mr: target)
+    fake = core(verify_runner_kind=kind, verify_runner_cls_0523="OursCls")
+    got = plugin.decode_runner_cls_hook(lambda mr, *a, **k: ("UpstreamCls", mr, a, k), "MR", 7, x=1)
+    assert got == ("OursCls" if ours else ("UpstreamCls", "MR", (7,), {"x": 1}))
+    assert (("refuse_if_flag_lost", ("MR",), {}) in fake.calls) is (not ours)
+
+
+def test_an_eager_draft_extend_is_counted_and_runs(core):
+    fake = core()
+    mode = SimpleNamespace(is_draft_extend_v2=lambda: True, is_target_verify=lambda: False)
+    out = plugin.forward_raw_hook(lambda mr, fb, *a, **k: ("ran", a, k), "MR", SimpleNamespace(forward_mode=mode), 1, y=2)
+    assert out == ("ran", (1,), {"y": 2})
+    assert fake.calls == [("count_eager_draft_extend", ("MR",), {})]
+
+
+def test_forward_raw_hook_passes_arguments_through_for_a_counted_verify():
+    from sglang_verify_graph.counters import VerifyCounters
+
+    counters = VerifyCounters()
+    mr = SimpleNamespace(decode_cuda_graph_runner=SimpleNamespace(counters=counters))
+    fb = SimpleNamespace(batch_size=2, forward_mode=SimpleNamespace(is_draft_extend_v2=lambda: False,
+                                                                    is_target_verify=lambda: True))
+    assert plugin.forward_raw_hook(lambda m, b, *a, **k: (m, b, a, k), mr, fb, 3, z=4) == (mr, fb, (3,), {"z": 4})
+    assert counters.fallback_total == 1 and counters.eager_requests == 2
+
+
+@pytest.mark.parametrize("topk, chain, asks_qlen_only", [(1, True, True), (2, True, False), (1, False, False)])
+def test_build_verify_input_hook_asks_for_the_smallest_mask_for_a_chain_target(core, monkeypatch, topk, chain,
+                                                                              asks_qlen_only):
+    monkeypatch.setattr(adapter, "qlen_only_tree_mask_mode", lambda: "QLEN_ONLY")
+    core(uses_chain_backend=chain)
+    target = SimpleNamespace(model_runner="MR")
+    got = plugin.build_verify_input_hook(lambda *a, **k: (a, k), "x", target_worker=target, topk=topk,
+                                         tree_mask_mode="FULL_MASK")
+    assert got == (("x",), {"target_worker": target, "topk": topk,
+                            "tree_mask_mode": "QLEN_ONLY" if asks_qlen_only else "FULL_MASK"})
+    assert plugin.build_verify_input_hook(lambda *a, **k: k, topk=1, tree_mask_mode="FULL_MASK") == {
+        "topk": 1, "tree_mask_mode": "FULL_MASK"}  # no target worker given: unchanged
+
+
+def test_internal_state_hook_adds_the_counters_and_the_sync_check(monkeypatch):
+    monkeypatch.setattr(plugin, "get_counters", lambda: SimpleNamespace(snapshot=lambda: {"replays": 3}))
+    monkeypatch.setattr(plugin, "peek_sync_check", lambda: SimpleNamespace(snapshot=lambda: {"syncs": 0}))
+    result = SimpleNamespace(internal_state={"other": 1})
+    assert plugin.internal_state_hook(result, "scheduler") is result
+    assert result.internal_state == {"other": 1, "verify_cuda_graph": {"replays": 3}, "verify_sync_check": {"syncs": 0}}
+    plain = {}
+    assert plugin.internal_state_hook(plain) is plain and set(plain) == {"verify_cuda_graph", "verify_sync_check"}
+    monkeypatch.setattr(plugin, "get_counters", lambda: None)
+    monkeypatch.setattr(plugin, "peek_sync_check", lambda: None)
+    plain = {}
+    plugin.internal_state_hook(plain)
+    assert plain == {}
+    assert plugin.internal_state_hook("not a dict") == "not a dict"
+
+
+def test_sync_check_and_renorm_hooks_go_through_the_sync_check(monkeypatch):
+    seen = []
+    check = SimpleNamespace(run=lambda fn, *a, **k: ("run", fn(*a, **k)), note=seen.append)
+    monkeypatch.setattr(plugin, "get_sync_check", lambda: check)
+    assert plugin.sync_check_hook(lambda *a, **k: (a, k), 1, b=2) == ("run", ((1,), {"b": 2}))
+    assert plugin.top_p_renorm_hook(lambda *a, **k: (a, k), 3, p=0.9) == ((3,), {"p": 0.9})
+    assert plugin.top_k_renorm_hook(lambda *a, **k: (a, k), 4, k=2) == ((4,), {"k": 2})
+    assert seen == ["top_p_renorm_prob", "top_k_renorm_prob"]
+
+
+def test_draft_extend_hooks_delegate_to_the_runtime_core(core):
+    fake = core(draft_extend_backend_for=lambda runner, backend: ("chain", runner, backend),
+                execute_draft_extend=lambda execute, runner, fb, *a, **k: ("replayed", execute(runner, fb, *a, **k)))
+    factory = SimpleNamespace(draft_model_runner="DRAFT")
+    assert plugin.draft_extend_backend_hook(lambda f, *a, **k: ("triton", f, a, k), factory, 1) == (
+        "chain", "DRAFT", ("triton", factory, (1,), {}))
+    assert plugin.draft_extend_execute_hook(lambda r, fb, *a, **k: (r, fb, a, k), "RUNNER", "FB", 2, w=3) == (
+        "replayed", ("RUNNER", "FB", (2,), {"w": 3}))
+    assert [c[0] for c in fake.calls] == ["draft_extend_backend_for", "execute_draft_extend"]
