@@ -168,3 +168,75 @@ def test_get_config_prefers_the_stored_config(make_args):
     assert get_config(args, ON) is stored
     with pytest.raises(VerifyGraphConfigError):
         get_config(make_args(speculative_eagle_topk=4), ON)
+
+
+# The whole one line each bad setting prints (after "--enable-verify-cuda-graph: "): what a user
+# reads, so a changed word of a problem or a fix is a visible change (the table above matches
+# the fix as a substring only).
+MESSAGES = {
+    'no-spec': 'needs EAGLE-3 (or EAGLE) speculative decoding (--speculative-algorithm = None). Fix: pass --speculative-algorithm EAGLE3 --speculative-draft-model-path <draft> --speculative-eagle-topk 1, or remove --enable-verify-cuda-graph.',
+    'standalone': 'needs EAGLE-3 (or EAGLE) speculative decoding (--speculative-algorithm = STANDALONE). Fix: pass --speculative-algorithm EAGLE3 --speculative-draft-model-path <draft> --speculative-eagle-topk 1, or remove --enable-verify-cuda-graph.',
+    'ngram': 'needs EAGLE-3 (or EAGLE) speculative decoding (--speculative-algorithm = NGRAM). Fix: pass --speculative-algorithm EAGLE3 --speculative-draft-model-path <draft> --speculative-eagle-topk 1, or remove --enable-verify-cuda-graph.',
+    'dflash': 'needs EAGLE-3 (or EAGLE) speculative decoding (--speculative-algorithm = DFLASH). Fix: pass --speculative-algorithm EAGLE3 --speculative-draft-model-path <draft> --speculative-eagle-topk 1, or remove --enable-verify-cuda-graph.',
+    'topk4': 'supports only a linear draft chain (top-k 1) (--speculative-eagle-topk = 4). Fix: pass --speculative-eagle-topk 1.',
+    'topk-unset': 'supports only a linear draft chain (top-k 1) (--speculative-eagle-topk = None). Fix: pass --speculative-eagle-topk 1.',
+    'adaptive': 'does not support adaptive speculative decoding (it swaps the verify graph runner per step) (--speculative-adaptive = True). Fix: remove --speculative-adaptive.',
+    'zero-steps': 'needs at least one draft step (--speculative-num-steps = 0). Fix: pass --speculative-num-steps N with N >= 1 (e.g. 3).',
+    'ndt-mismatch': 'with top-k 1 the draft-token count must be num_steps + 1 = 4 (--speculative-num-draft-tokens = 6). Fix: pass --speculative-num-draft-tokens 4 or omit it.',
+    'torch_native': 'supports the triton, fa3, flashmla, flashinfer attention backends for target verify (--attention-backend = torch_native). Fix: pass --attention-backend triton.',
+    'trtllm_mha': 'supports the triton, fa3, flashmla, flashinfer attention backends for target verify (--attention-backend = trtllm_mha). Fix: pass --attention-backend triton.',
+    'backend-unresolved': 'supports the triton, fa3, flashmla, flashinfer attention backends for target verify (--attention-backend = None). Fix: pass --attention-backend triton.',
+    'decode-override': 'supports the triton, fa3, flashmla, flashinfer attention backends for target verify (--decode-attention-backend = torch_native). Fix: pass --decode-attention-backend triton or remove it.',
+    'prefill-override': 'supports the triton, fa3, flashmla, flashinfer attention backends for target verify (--prefill-attention-backend = trtllm_mha). Fix: pass --prefill-attention-backend triton or remove it.',
+    'prefill-decode-differ': 'needs one attention backend for prefill and decode (the other phase uses triton; with two, target verify could run on either) (--prefill-attention-backend = fa3). Fix: pass only --attention-backend triton.',
+    'disable-cuda-graph': 'needs decode CUDA graphs (the verify graph replaces them) (--disable-cuda-graph = True). Fix: remove --disable-cuda-graph.',
+    'disable-decode-graph': 'needs decode CUDA graphs (the verify graph replaces them) (--disable-decode-cuda-graph = True). Fix: remove --disable-decode-cuda-graph.',
+    'decode-graph-backend-disabled': 'needs decode CUDA graphs (the verify graph replaces them) (--cuda-graph-backend-decode = disabled). Fix: remove --cuda-graph-backend-decode disabled.',
+    'graph-config-disabled': 'needs decode CUDA graphs, but the resolved cuda_graph_config disables them (set by --cuda-graph-config or forced off by another setting; see the server log) (--cuda-graph-config = decode.backend=disabled). Fix: set --cuda-graph-config \'{"decode":{"backend":"full"}}\' or remove the setting that disables decode CUDA graphs.',
+    'graph-config-dict': 'needs decode CUDA graphs, but the resolved cuda_graph_config disables them (set by --cuda-graph-config or forced off by another setting; see the server log) (--cuda-graph-config = decode.backend=disabled). Fix: set --cuda-graph-config \'{"decode":{"backend":"full"}}\' or remove the setting that disables decode CUDA graphs.',
+    'unresolved-disable-cuda-graph': 'needs decode CUDA graphs (the verify graph replaces them) (--disable-cuda-graph = True). Fix: remove --disable-cuda-graph.',
+    'dp-attention': 'does not support DP attention yet (--enable-dp-attention = True). Fix: remove --enable-dp-attention.',
+    'pipeline': 'does not support pipeline parallelism yet (--pp-size = 2). Fix: use --pp-size 1.',
+    'tbo': 'does not support two-batch overlap yet (--enable-two-batch-overlap = True). Fix: remove --enable-two-batch-overlap.',
+}
+EXTRA_BAD = [
+    ("attn-dp", dict(attn_dp_size=2),
+     "does not support DP attention yet (--attn-dp-size = 2). Fix: use --attn-dp-size 1."),
+    ("kv-fp8", dict(kv_cache_dtype="fp8_e4m3"),
+     "does not support a quantized KV cache yet (--kv-cache-dtype = fp8_e4m3). Fix: use --kv-cache-dtype auto."),
+    ("deterministic", dict(enable_deterministic_inference=True),
+     "does not support deterministic inference yet (--enable-deterministic-inference = True). "
+     "Fix: remove --enable-deterministic-inference."),
+    ("page-major", dict(enable_page_major_kv_layout=True),
+     "does not support the page-major KV layout yet (--enable-page-major-kv-layout = True). "
+     "Fix: remove --enable-page-major-kv-layout."),
+]
+
+
+@pytest.mark.parametrize("overrides,message", [(b[1], MESSAGES[b[0]]) for b in BAD] + [b[1:] for b in EXTRA_BAD],
+                         ids=[b[0] for b in BAD] + [b[0] for b in EXTRA_BAD])
+def test_each_bad_setting_prints_its_exact_line(make_args, overrides, message):
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(**overrides), ON)
+    assert str(info.value) == f"{FLAG}: {message}"
+
+
+@pytest.mark.parametrize("kv", ["auto", None, "bfloat16", "bf16", "float16", "fp16", "half"])
+def test_model_dtype_kv_caches_are_served_by_the_chain_kernel(make_args, kv):
+    assert build_config(make_args(kv_cache_dtype=kv), ON).attention_backend == "triton"
+
+
+def test_unset_sizes_default_to_one_and_the_nan_test_needs_the_selftest(make_args):
+    """``page_size`` / ``tp_size`` unset (``None``) are 1; the NaN injection is on only with the
+    self-test; no bucket list stays ``None``; the environment's settings are carried."""
+    cfg = build_config(make_args(page_size=None, tp_size=None, disable_cuda_graph_padding=1,
+                                 cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(backend="full", max_bs=None,
+                                                                                          bs=None))),
+                       EnvSettings(enable=True, selftest_nan=True, num_kv_splits=4, log_every=7))
+    assert (cfg.page_size, cfg.tp_size, cfg.selftest, cfg.selftest_nan) == (1, 1, False, False)
+    assert (cfg.cuda_graph_bs, cfg.cuda_graph_max_bs, cfg.disable_cuda_graph_padding) == (None, None, True)
+    assert (cfg.num_kv_splits, cfg.log_every, cfg.draft_extend_attention) == (4, 7, "chain")
+    cfg = build_config(make_args(), EnvSettings(enable=True, selftest=True, selftest_nan=True,
+                                                draft_extend="upstream"))
+    assert (cfg.selftest, cfg.selftest_nan, cfg.draft_extend_attention) == (True, True, "upstream")
+    assert build_config(make_args(), EnvSettings(enable=True, selftest=True)).selftest_nan is False
