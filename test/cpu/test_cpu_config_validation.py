@@ -240,3 +240,12 @@ def test_unset_sizes_default_to_one_and_the_nan_test_needs_the_selftest(make_arg
                                                 draft_extend="upstream"))
     assert (cfg.selftest, cfg.selftest_nan, cfg.draft_extend_attention) == (True, True, "upstream")
     assert build_config(make_args(), EnvSettings(enable=True, selftest=True)).selftest_nan is False
+
+
+def test_get_config_builds_with_the_environment_it_was_given(make_args):
+    """Nothing stored (e.g. ``sglang.Engine`` in a process whose os.environ lacks the flag): the
+    given environment decides, not os.environ."""
+    args = make_args(**{ATTR_ENABLE: False})
+    cfg = get_config(args, EnvSettings(enable=True, log_every=5))
+    assert isinstance(cfg, VerifyGraphConfig) and cfg.log_every == 5
+    assert get_config(args, EnvSettings(enable=False)) is None

@@ -68,11 +68,16 @@ _PROFILE = [(adapter.CYCLE, profile_hooks.profile_cycle_hook, AROUND),
             (adapter.DRAFT_EXTEND, profile_hooks.profile_draft_extend_hook, AROUND)]
 
 
-def test_hook_kinds_match_the_bodies_signatures():
+@pytest.mark.parametrize("api_0523", [False, True], ids=["0.5.16-api", "0.5.23-api"])
+def test_hook_kinds_match_the_bodies_signatures(monkeypatch, api_0523):
     """An AFTER body takes ``(result, *args)``, an AROUND body ``(original, *args)``, BEFORE the
     target's own arguments: each table entry pairs a body with the kind it is written for (the
-    tables are spelled out here from the module docstring, not read from the code)."""
+    tables are spelled out here from the module docstring, not read from the code). The graph
+    hook and the validation body follow the SGLang API (both tables under either)."""
+    monkeypatch.setattr(adapter, "API_0523", api_0523)
     assert plugin.cli_hooks() == _cli_table()
+    assert plugin.cli_hooks()[3][1] is (cli.resolve_once_hook if api_0523 else cli.post_init_hook)
+    assert plugin.runtime_hooks()[0][0] == (adapter.DECODE_RUNNER_CLS if api_0523 else adapter.CAPTURE_DECODE_GRAPH)
     assert plugin.runtime_hooks() == _runtime_table()
     assert plugin.profile_hooks_table() == _PROFILE
 
@@ -128,7 +133,7 @@ def test_register_installs_what_the_environment_asks_and_logs_it(registry, monke
     with caplog.at_level(logging.INFO, logger="sglang_verify_graph"):
         plugin.register()
     assert registry.calls == [_cli_table() + _runtime_table() + _PROFILE]
-    assert "hooks installed (runtime=True, profile=True, sync_check=False)" in caplog.text
+    assert caplog.messages == ["sglang_verify_graph: hooks installed (runtime=True, profile=True, sync_check=False)"]
     registry.calls.clear()
     _env(monkeypatch, sync_check=True)
     plugin.register()
@@ -169,7 +174,9 @@ def test_register_with_a_malformed_variable_installs_the_cli_hooks_only(registry
     with caplog.at_level(logging.ERROR, logger="sglang_verify_graph"):
         plugin.register()  # the validation point reports the variable later
     assert registry.calls == [_cli_table()] and registry.factories == []
-    assert "SGLANG_VERIFY_GRAPH_LOG_EVERY" in caplog.text and capsys.readouterr().err == ""
+    assert caplog.messages == [f"sglang_verify_graph: {FLAG}: must be an integer (SGLANG_VERIFY_GRAPH_LOG_EVERY = x). "
+                               "Fix: set it to 0."]
+    assert capsys.readouterr().err == ""
     registry.missing = ["x.y.z"]
     with pytest.raises(SystemExit) as info:
         plugin.register()
@@ -205,8 +212,9 @@ def core(monkeypatch):
 @pytest.mark.parametrize("target, cfg, expect", [(True, "CFG", "chain"), (True, None, "upstream"),
                                                  (False, "CFG", "upstream")])
 def test_triton_factory_gives_the_chain_backend_to_the_configured_target_only(core, monkeypatch, target, cfg, expect):
-    fake = core(config_for=cfg, ChainVerifyTritonBackend=lambda runner, c: ("chain", runner, c))
-    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda runner: target)
+    fake = core(config_for=lambda runner: cfg if runner == "MR" else None,
+                ChainVerifyTritonBackend=lambda runner, c: ("chain", runner, c))
+    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda runner: target and runner == "MR")
     made = plugin.triton_factory(lambda runner: ("upstream", runner))("MR")
     assert made == (("chain", "MR", "CFG") if expect == "chain" else ("upstream", "MR"))
     assert [c[0] for c in fake.calls] == (["config_for"] if target else []) + (
@@ -230,8 +238,8 @@ def test_capture_decode_graph_hook_captures_ours_or_refuses_a_lost_flag(core, mo
 
 @pytest.mark.parametrize("kind, target, ours", [("chain", True, True), ("chain", False, False), (None, True, False)])
 def test_decode_runner_cls_hook_gives_our_class_to_the_served_target_only(core, monkeypatch, kind, target, ours):
-    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda mr: target)
-    fake = core(verify_runner_kind=kind, verify_runner_cls_0523="OursCls")
+    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda mr: target and mr == "MR")
+    fake = core(verify_runner_kind=lambda mr: kind if mr == "MR" else None, verify_runner_cls_0523="OursCls")
     got = plugin.decode_runner_cls_hook(lambda mr, *a, **k: ("UpstreamCls", mr, a, k), "MR", 7, x=1)
     assert got == ("OursCls" if ours else ("UpstreamCls", "MR", (7,), {"x": 1}))
     assert (("refuse_if_flag_lost", ("MR",), {}) in fake.calls) is (not ours)
@@ -260,7 +268,7 @@ def test_forward_raw_hook_passes_arguments_through_for_a_counted_verify():
 def test_build_verify_input_hook_asks_for_the_smallest_mask_for_a_chain_target(core, monkeypatch, topk, chain,
                                                                               asks_qlen_only):
     monkeypatch.setattr(adapter, "qlen_only_tree_mask_mode", lambda: "QLEN_ONLY")
-    core(uses_chain_backend=chain)
+    core(uses_chain_backend=lambda mr: chain and mr == "MR")
     target = SimpleNamespace(model_runner="MR")
     got = plugin.build_verify_input_hook(lambda *a, **k: (a, k), "x", target_worker=target, topk=topk,
                                          tree_mask_mode="FULL_MASK")
@@ -300,8 +308,19 @@ def test_draft_extend_hooks_delegate_to_the_runtime_core(core):
     fake = core(draft_extend_backend_for=lambda runner, backend: ("chain", runner, backend),
                 execute_draft_extend=lambda execute, runner, fb, *a, **k: ("replayed", execute(runner, fb, *a, **k)))
     factory = SimpleNamespace(draft_model_runner="DRAFT")
-    assert plugin.draft_extend_backend_hook(lambda f, *a, **k: ("triton", f, a, k), factory, 1) == (
-        "chain", "DRAFT", ("triton", factory, (1,), {}))
+    assert plugin.draft_extend_backend_hook(lambda f, *a, **k: ("triton", f, a, k), factory, 1, v=5) == (
+        "chain", "DRAFT", ("triton", factory, (1,), {"v": 5}))
     assert plugin.draft_extend_execute_hook(lambda r, fb, *a, **k: (r, fb, a, k), "RUNNER", "FB", 2, w=3) == (
         "replayed", ("RUNNER", "FB", (2,), {"w": 3}))
     assert [c[0] for c in fake.calls] == ["draft_extend_backend_for", "execute_draft_extend"]
+
+
+def test_verify_step_hook_counts_then_passes_every_argument(monkeypatch):
+    from sglang_verify_graph.counters import VerifyCounters
+
+    counters = VerifyCounters()
+    monkeypatch.setattr(plugin, "get_counters", lambda: counters)
+    batch = SimpleNamespace(batch_size=lambda: 3)
+    assert plugin.verify_step_hook(lambda w, b, *a, **k: (w, b, a, k), "WORKER", batch, 1, m=2) == (
+        "WORKER", batch, (1,), {"m": 2})
+    assert (counters.verify_steps, counters.verify_requests) == (1, 3)

@@ -166,3 +166,80 @@ def test_each_condition_alone_is_refused_under_its_reason(reason):
     CASES[reason](runner, fb)
     assert runner.can_run_graph(fb) is False  # upstream's own decision
     assert runner.counters._last_reason == reason, runner.counters._last_detail
+
+
+# ---- the detail logged with each reason, and each switch read only when it is on ---------------
+DETAILS = {
+    C.REASON_REPLACE_EMBEDS: "",
+    C.REASON_WIDTH: "3 != 4",
+    C.REASON_BS_NOT_CAPTURED: "bs=3 not in capture_bs with --disable-cuda-graph-padding",
+    C.REASON_BS_ABOVE_MAX: "bs=12 > max captured 8; raise --cuda-graph-max-bs-decode or lower --max-running-requests",
+    C.REASON_DP_SYNC: "",
+    C.REASON_TBO: "",
+    C.REASON_HIDDEN_MODE: "graph captured FULL",
+}
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_each_refusal_is_logged_with_its_detail(reason):
+    """The detail goes into the fallback warning (``counters.count_eager_verify``)."""
+    runner, fb = _runner_and_batch()
+    CASES[reason](runner, fb)
+    runner.can_run_graph(fb)
+    assert runner.counters._last_detail == DETAILS[reason]
+
+
+def _reason(runner, fb):
+    return runner.refusal_reason(fb)
+
+
+@pytest.mark.parametrize("spec_info", [None, SimpleNamespace(), SimpleNamespace(num_tokens_per_req=0)],
+                         ids=["no-spec", "spec-without-width", "width-0"])
+def test_a_batch_that_states_no_width_is_not_a_width_refusal(spec_info):
+    runner, fb = _runner_and_batch()
+    fb.spec_info, fb.batch_size = spec_info, 12
+    assert _reason(runner, fb) == (C.REASON_BS_ABOVE_MAX, DETAILS[C.REASON_BS_ABOVE_MAX])
+
+
+def test_one_token_per_request_against_a_wider_graph_is_a_width_refusal():
+    runner, fb = _runner_and_batch()
+    fb.spec_info.num_tokens_per_req = 1
+    assert _reason(runner, fb) == (C.REASON_WIDTH, "1 != 4")
+
+
+def test_with_mlp_tp_gather_the_largest_rank_batch_decides():
+    """Under MLP TP gather every rank replays the bucket of the largest batch across ranks."""
+    runner, fb = _runner_and_batch(require_mlp_tp_gather=True)
+    fb.original_global_num_tokens_cpu, fb.batch_size = [3, 12], 4
+    assert _reason(runner, fb)[1].startswith("bs=12 > max captured 8")
+
+
+def _other_reason():
+    return C.REASON_HIDDEN_MODE if adapter.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE else C.REASON_OTHER
+
+
+def test_the_largest_bucket_itself_is_not_above_the_largest_bucket():
+    runner, fb = _runner_and_batch()
+    fb.batch_size = 8
+    assert _reason(runner, fb)[0] == _other_reason()
+
+
+@pytest.mark.parametrize("switch_on", [False, True])
+def test_dp_and_tbo_are_judged_only_when_their_switch_is_on(monkeypatch, switch_on):
+    """A batch that could not run DP / TBO is refused for it only when the runner needs DP sync /
+    runs two-batch overlap; a runner that needs them refuses only a batch that cannot."""
+    monkeypatch.setattr(adapter, "can_run_dp", lambda fb: fb.dp_ok)
+    runner, fb = _runner_and_batch(require_mlp_sync=switch_on, enable_two_batch_overlap=switch_on)
+    fb.dp_ok, fb.can_run_tbo = switch_on, switch_on  # switch on: the batch can; off: it cannot
+    assert _reason(runner, fb)[0] == _other_reason()
+    fb.dp_ok = True
+    runner.enable_two_batch_overlap, fb.can_run_tbo = True, False
+    assert _reason(runner, fb) == (C.REASON_TBO, "")
+    runner.require_mlp_sync, fb.dp_ok = True, False
+    assert _reason(runner, fb) == (C.REASON_DP_SYNC, "")
+
+
+def test_a_refusal_no_condition_explains_has_no_detail(monkeypatch):
+    monkeypatch.setattr(adapter, "CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE", False)  # sglang 0.5.23
+    runner, fb = _runner_and_batch()
+    assert _reason(runner, fb) == (C.REASON_OTHER, "")

@@ -115,3 +115,41 @@ def test_a_failed_replay_reaches_the_probe_and_is_not_counted(runner):
         runner.execute(_batch(3, fail=RuntimeError("replay failed")))
     assert runner.counters.replays == 0
     assert runner.probe.calls[-1] == "after_enqueue"
+
+
+class ArgsProbe(RecordingProbe):
+    """Records what each probe call is handed (the runner, the batch, the replay's output)."""
+
+    def before_load(self, runner, forward_batch):
+        self.calls.append(("before_load", runner, forward_batch))
+
+    def after_load(self, runner, forward_batch):
+        self.calls.append(("after_load", runner, forward_batch))
+
+    def after_enqueue(self, runner):
+        self.calls.append(("after_enqueue", runner))
+
+    def after_replay(self, runner, forward_batch, graph_out):
+        self.calls.append(("after_replay", runner, forward_batch, graph_out))
+
+
+@pytest.mark.parametrize("mode", ["TARGET_VERIFY", "DECODE"])
+def test_execute_hands_sglang_the_pp_proxy_tensors_and_the_probe_its_objects(runner, monkeypatch, mode):
+    """SGLang's ``execute`` gets the pipeline proxy tensors it was called with (both modes); the
+    probe gets this runner, this batch and this replay's output."""
+    parent = adapter.decode_cuda_graph_runner_cls()
+    seen = []
+
+    def execute(self, forward_batch, pp_proxy_tensors=None):
+        seen.append(pp_proxy_tensors)
+        self.load_batch(forward_batch, pp_proxy_tensors)
+        return ("graph output", forward_batch.batch_size)
+
+    monkeypatch.setattr(parent, "execute", execute)
+    runner.probe = ArgsProbe()
+    batch = _batch(3, mode=mode)
+    out = runner.execute(batch, pp_proxy_tensors="PP")
+    assert out == ("graph output", 3) and seen == ["PP"]
+    if mode == "TARGET_VERIFY":
+        assert runner.probe.calls == [("before_load", runner, batch), ("after_load", runner, batch),
+                                      ("after_enqueue", runner), ("after_replay", runner, batch, out)]
