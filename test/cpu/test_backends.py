@@ -271,3 +271,68 @@ def test_eager_cliff_is_announced_at_start():
     assert "batches of 33..48 requests will run eagerly" in line
     assert REASON_BS_ABOVE_MAX in line and "--cuda-graph-max-bs-decode 48" in line
     assert "--max-running-requests 32" in line and "\n" not in line
+
+
+def _config_dir(tmp_path, name, cfg):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def test_a_wrapped_text_config_is_read_for_mla(tmp_path):
+    """Multimodal checkpoints (Kimi-K2.5) keep the language model's settings under
+    ``text_config``; a config.json that is not an object is not judged."""
+    wrapped = _config_dir(tmp_path, "kimi", {"architectures": ["KimiK25ForConditionalGeneration"],
+                                             "text_config": {"kv_lora_rank": 512}})
+    assert backends.checkpoint_is_mla(wrapped) is True
+    assert backends.checkpoint_is_mla(_config_dir(tmp_path, "mha", {"text_config": {"num_key_value_heads": 8},
+                                                                    "kv_lora_rank": 512})) is False
+    assert backends.checkpoint_is_mla(_config_dir(tmp_path, "list", [1, 2])) is None
+    assert backends.checkpoint_is_mla(str(tmp_path / "missing")) is None and backends.checkpoint_is_mla(None) is None
+
+
+def _given(**fields):
+    """A server-args object as the command line gives it (only the given fields exist)."""
+    from sglang_verify_graph.config import ATTR_ENABLE
+
+    return SimpleNamespace(**{ATTR_ENABLE: True, "speculative_algorithm": "EAGLE3", **fields})
+
+
+def test_check_given_judges_only_the_fields_that_were_given():
+    from sglang_verify_graph.config import check_given
+
+    check_given(_given(), EnvSettings())  # nothing else given: SGLang's resolution decides
+    check_given(_given(prefill_attention_backend="triton"), EnvSettings())  # one phase only: no pair to compare
+    with pytest.raises(VerifyGraphConfigError, match="--prefill-attention-backend"):
+        check_given(_given(prefill_attention_backend="torch_native"), EnvSettings())
+    # a given cuda_graph_config is resolved later (build_config), the raw flags are judged now
+    disabled = SimpleNamespace(decode=SimpleNamespace(backend="disabled"))
+    check_given(_given(cuda_graph_config=disabled), EnvSettings())
+    with pytest.raises(VerifyGraphConfigError, match="--disable-cuda-graph"):
+        check_given(_given(disable_cuda_graph=True), EnvSettings())
+
+
+def test_check_given_reads_the_flag_from_the_object_or_the_environment():
+    from sglang_verify_graph.config import ATTR_ENABLE, check_given
+
+    with pytest.raises(VerifyGraphConfigError, match="--speculative-eagle-topk"):
+        check_given(_given(speculative_eagle_topk=4), EnvSettings(enable=False))
+    off = _given(speculative_eagle_topk=4, **{ATTR_ENABLE: False})
+    check_given(off, EnvSettings(enable=False))
+    with pytest.raises(VerifyGraphConfigError, match="--speculative-eagle-topk"):
+        check_given(off, EnvSettings(enable=True))
+
+
+def test_check_given_checks_a_given_backend_against_local_checkpoints(tiny_model_dirs, mla_draft):
+    """flashinfer on an MHA target, flashmla with an MHA draft: refused before SGLang resolves."""
+    from sglang_verify_graph.config import check_given
+
+    target, draft = tiny_model_dirs
+    with pytest.raises(VerifyGraphConfigError, match=r"only for MLA targets .*--attention-backend = flashinfer"):
+        check_given(_given(attention_backend="flashinfer", model_path=target), EnvSettings())
+    with pytest.raises(VerifyGraphConfigError, match="--speculative-draft-attention-backend"):
+        check_given(_given(attention_backend="flashmla", model_path=mla_draft,
+                           speculative_draft_model_path=draft), EnvSettings())
+    check_given(_given(attention_backend="flashmla", model_path=mla_draft, speculative_draft_model_path=mla_draft),
+                EnvSettings())

@@ -40,6 +40,7 @@ def parent(monkeypatch):
 
     def init(self, model_runner):
         rec.probe_during_capture.append(self.probe)
+        rec.model_runner = model_runner
         self.__dict__.update(rec.state)
 
     monkeypatch.setattr(cls, "__init__", init)
@@ -64,7 +65,9 @@ def _model_runner(backend, aux_layers=None):
 @pytest.mark.parametrize("use_mla", [False, True], ids=["MHA", "MLA"])
 def test_a_chain_runner_declares_its_buffers_and_fills_the_counters(parent, use_mla):
     counters = C.VerifyCounters()
-    r = R.VerifyCudaGraphRunner(_model_runner(_chain_backend(use_mla), aux_layers=[1, 5]), chain_config(), counters)
+    mr = _model_runner(_chain_backend(use_mla), aux_layers=[1, 5])
+    r = R.VerifyCudaGraphRunner(mr, chain_config(), counters)
+    assert parent.model_runner is mr  # SGLang's capture runs on this model runner
     assert r.chain is True and r.verify_cfg.num_draft_tokens == NDT and r.counters is counters
     assert r.static_buffers == R.VerifyStaticBuffers(
         max_bs=MAX_BS, num_draft_tokens=NDT, hidden_size=HIDDEN, num_aux_hidden=2, vocab_size=VOCAB,

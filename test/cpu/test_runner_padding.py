@@ -145,11 +145,18 @@ def test_execute_hands_sglang_the_pp_proxy_tensors_and_the_probe_its_objects(run
         self.load_batch(forward_batch, pp_proxy_tensors)
         return ("graph output", forward_batch.batch_size)
 
+    stand_in_load = parent.load_batch
+
+    def load_batch(self, forward_batch, pp_proxy_tensors=None):
+        seen.append(("load", pp_proxy_tensors))
+        stand_in_load(self, forward_batch, pp_proxy_tensors)
+
     monkeypatch.setattr(parent, "execute", execute)
+    monkeypatch.setattr(parent, "load_batch", load_batch)
     runner.probe = ArgsProbe()
     batch = _batch(3, mode=mode)
     out = runner.execute(batch, pp_proxy_tensors="PP")
-    assert out == ("graph output", 3) and seen == ["PP"]
+    assert out == ("graph output", 3) and seen == ["PP", ("load", "PP")]
     if mode == "TARGET_VERIFY":
         assert runner.probe.calls == [("before_load", runner, batch), ("after_load", runner, batch),
                                       ("after_enqueue", runner), ("after_replay", runner, batch, out)]
