@@ -248,8 +248,9 @@ def test_decode_runner_cls_hook_gives_our_class_to_the_served_target_only(core, 
 def test_an_eager_draft_extend_is_counted_and_runs(core):
     fake = core()
     mode = SimpleNamespace(is_draft_extend_v2=lambda: True, is_target_verify=lambda: False)
-    out = plugin.forward_raw_hook(lambda mr, fb, *a, **k: ("ran", a, k), "MR", SimpleNamespace(forward_mode=mode), 1, y=2)
-    assert out == ("ran", (1,), {"y": 2})
+    fb = SimpleNamespace(forward_mode=mode)
+    out = plugin.forward_raw_hook(lambda mr, b, *a, **k: ("ran", mr, b, a, k), "MR", fb, 1, y=2)
+    assert out == ("ran", "MR", fb, (1,), {"y": 2})
     assert fake.calls == [("count_eager_draft_extend", ("MR",), {})]
 
 
@@ -324,3 +325,19 @@ def test_verify_step_hook_counts_then_passes_every_argument(monkeypatch):
     assert plugin.verify_step_hook(lambda w, b, *a, **k: (w, b, a, k), "WORKER", batch, 1, m=2) == (
         "WORKER", batch, (1,), {"m": 2})
     assert (counters.verify_steps, counters.verify_requests) == (1, 3)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_forward_raw_hook_passes_other_forwards_through_untouched(verify):
+    """A model runner without our runner (the draft, or no attribute at all), or a forward that
+    is not a verify: run as given, nothing counted."""
+    fb = SimpleNamespace(batch_size=2, forward_mode=SimpleNamespace(is_draft_extend_v2=lambda: False,
+                                                                    is_target_verify=lambda: verify))
+    for mr in (SimpleNamespace(), SimpleNamespace(decode_cuda_graph_runner=SimpleNamespace())):
+        assert plugin.forward_raw_hook(lambda m, b, *a, **k: (m, b, a, k), mr, fb, 5, q=6) == (mr, fb, (5,), {"q": 6})
+    from sglang_verify_graph.counters import VerifyCounters
+
+    counters = VerifyCounters()
+    ours = SimpleNamespace(decode_cuda_graph_runner=SimpleNamespace(counters=counters))
+    assert plugin.forward_raw_hook(lambda m, b, *a, **k: (m, b, a, k), ours, fb, 5, q=6) == (ours, fb, (5,), {"q": 6})
+    assert counters.fallback_total == (1 if verify else 0)

@@ -97,8 +97,12 @@ def test_fallback_warnings_are_the_first_per_reason_and_every_thousandth(caplog)
             c.count_eager_verify(1)
         c.note_refusal(C.REASON_TBO, "")
         c.count_eager_verify(1)
-    numbers = [m.split("#")[1].split(" ")[0] for m in _messages(caplog, logging.WARNING)]
+    messages = _messages(caplog, logging.WARNING)
+    numbers = [m.split("#")[1].split(" ")[0] for m in messages]
     assert numbers == ["1", "1000", "2000", "1"]
+    # a refusal noted without a detail (and one with an empty detail) logs the reason alone
+    assert messages[0] == f"verify CUDA graph fallback #1 ({C.REASON_BS_ABOVE_MAX}): this verify step ran eagerly"
+    assert messages[3] == f"verify CUDA graph fallback #1 ({C.REASON_TBO}): this verify step ran eagerly"
     assert c.fallbacks[C.REASON_BS_ABOVE_MAX] == 2000 and c.fallback_total == 2001
 
 
@@ -160,3 +164,11 @@ def test_eager_cliff_starts_one_above_the_largest_bucket():
                     f"(largest captured bucket 8; counted as {C.REASON_BS_ABOVE_MAX}). To graph them: "
                     "--cuda-graph-max-bs-decode 9, or --max-running-requests 8.")
     assert C.eager_cliff_warning(0, [1]) is None
+
+
+def test_an_eager_verify_on_counters_that_never_saw_a_refusal_logs_other_alone(caplog):
+    c = C.VerifyCounters()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        c.count_eager_verify(1)
+    assert _messages(caplog, logging.WARNING) == [
+        f"verify CUDA graph fallback #1 ({C.REASON_OTHER}): this verify step ran eagerly"]
