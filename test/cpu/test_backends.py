@@ -336,3 +336,40 @@ def test_check_given_checks_a_given_backend_against_local_checkpoints(tiny_model
                            speculative_draft_model_path=draft), EnvSettings())
     check_given(_given(attention_backend="flashmla", model_path=mla_draft, speculative_draft_model_path=mla_draft),
                 EnvSettings())
+
+
+def test_mla_only_refusals_print_their_exact_lines(make_args, tiny_model_dirs, mla_draft):
+    target, draft = tiny_model_dirs
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(make_args(attention_backend="flashinfer", model_path=target), ON)
+    assert str(info.value) == (
+        "--enable-verify-cuda-graph: serves flashinfer verify only for MLA targets (DeepSeek-V3 / Kimi-K2.5 "
+        "class); this target has no MLA (--attention-backend = flashinfer). Fix: pass --attention-backend "
+        "triton (or fa3).")
+    for given in (None, "flashmla"):  # unset, or itself MLA-only
+        with pytest.raises(VerifyGraphConfigError) as info:
+            build_config(make_args(attention_backend="flashmla", model_path=mla_draft,
+                                   speculative_draft_model_path=draft,
+                                   speculative_draft_attention_backend=given), ON)
+        assert str(info.value) == (
+            "--enable-verify-cuda-graph: the EAGLE-3 draft is an MHA model and cannot run on flashmla, which "
+            "serves MLA only (SGLang would fail at draft backend init) (--speculative-draft-attention-backend "
+            f"= {given}). Fix: pass --speculative-draft-attention-backend triton (or fa3).")
+
+
+def test_a_draft_path_not_given_is_not_judged(mla_draft):
+    from sglang_verify_graph.config import check_given
+
+    check_given(_given(attention_backend="flashmla", model_path=mla_draft), EnvSettings())
+
+
+def test_an_unknown_backend_kind_names_the_backend():
+    with pytest.raises(KeyError) as info:
+        backends.verify_attention_kind("torch_native")
+    assert info.value.args == ("torch_native",)
+
+
+@pytest.mark.parametrize("field", ["attn_dp_size", "pp_size"])
+def test_unset_parallel_sizes_are_one(make_args, field):
+    """sglang 0.5.23's ``attn_dp_size`` (absent in 0.5.16) and ``pp_size`` unset (``None``)."""
+    assert build_config(make_args(**{field: None}), ON).tp_size == 1
