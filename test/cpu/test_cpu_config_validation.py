@@ -249,3 +249,34 @@ def test_get_config_builds_with_the_environment_it_was_given(make_args):
     cfg = get_config(args, EnvSettings(enable=True, log_every=5))
     assert isinstance(cfg, VerifyGraphConfig) and cfg.log_every == 5
     assert get_config(args, EnvSettings(enable=False)) is None
+
+
+def _bare(**fields):
+    """A duck-typed server-args object that has only the given fields (another SGLang version's
+    object, or one built by hand): a missing field reads as unset, never as an AttributeError."""
+    return SimpleNamespace(**{ATTR_ENABLE: True, **fields})
+
+
+def test_a_bare_object_is_judged_on_what_it_has():
+    base = dict(speculative_algorithm="EAGLE3")
+    with pytest.raises(VerifyGraphConfigError, match=r"\(--speculative-eagle-topk = None\)"):
+        build_config(_bare(**base), ON)
+    base["speculative_eagle_topk"] = 1
+    with pytest.raises(VerifyGraphConfigError, match=r"\(--speculative-num-steps = None\)"):
+        build_config(_bare(**base), ON)
+    base["speculative_num_steps"] = 1
+    with pytest.raises(VerifyGraphConfigError, match=r"\(--speculative-num-draft-tokens = None\)\. "
+                                                     r"Fix: pass --speculative-num-draft-tokens 2 or omit it"):
+        build_config(_bare(**base), ON)
+    base["speculative_num_draft_tokens"] = 2
+    with pytest.raises(VerifyGraphConfigError, match=r"\(--attention-backend = None\)"):
+        build_config(_bare(**base), ON)
+    base["attention_backend"] = "triton"
+    cfg = build_config(_bare(**base), ON)  # no graph, parallel or KV fields: nothing disables them
+    assert (cfg.num_steps, cfg.num_draft_tokens, cfg.decode_graph_backend, cfg.page_size, cfg.tp_size) == (1, 2, None, 1, 1)
+    assert (cfg.cuda_graph_bs, cfg.max_running_requests, cfg.disable_cuda_graph_padding) == (None, None, False)
+
+
+def test_one_draft_step_is_enough(make_args):
+    cfg = build_config(make_args(speculative_num_steps=1, speculative_num_draft_tokens=2), ON)
+    assert (cfg.num_steps, cfg.num_draft_tokens) == (1, 2)
