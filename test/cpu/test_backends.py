@@ -373,3 +373,24 @@ def test_an_unknown_backend_kind_names_the_backend():
 def test_unset_parallel_sizes_are_one(make_args, field):
     """sglang 0.5.23's ``attn_dp_size`` (absent in 0.5.16) and ``pp_size`` unset (``None``)."""
     assert build_config(make_args(**{field: None}), ON).tp_size == 1
+
+
+def test_an_unsupported_base_backend_is_named_even_when_one_phase_overrides_it(make_args):
+    """``--attention-backend torch_native --prefill-attention-backend triton``: decode would run
+    torch_native, and that (not the prefill/decode split) is what the line names."""
+    for phase in ("prefill", "decode"):
+        with pytest.raises(VerifyGraphConfigError) as info:
+            build_config(make_args(attention_backend="torch_native", **{f"{phase}_attention_backend": "triton"}), ON)
+        assert (info.value.flag, info.value.value) == ("--attention-backend", "torch_native")
+
+
+def test_a_decode_override_on_an_object_without_a_prefill_field_is_named():
+    from sglang_verify_graph.config import ATTR_ENABLE
+
+    args = SimpleNamespace(**{ATTR_ENABLE: True}, speculative_algorithm="EAGLE3", speculative_eagle_topk=1,
+                           speculative_num_steps=3, speculative_num_draft_tokens=4, attention_backend="triton",
+                           decode_attention_backend="fa3")
+    with pytest.raises(VerifyGraphConfigError) as info:
+        build_config(args, ON)
+    assert (info.value.flag, info.value.value) == ("--decode-attention-backend", "fa3")
+    assert "the other phase uses triton" in str(info.value)

@@ -280,3 +280,8 @@ def test_a_bare_object_is_judged_on_what_it_has():
 def test_one_draft_step_is_enough(make_args):
     cfg = build_config(make_args(speculative_num_steps=1, speculative_num_draft_tokens=2), ON)
     assert (cfg.num_steps, cfg.num_draft_tokens) == (1, 2)
+
+
+def test_a_bare_object_without_speculation_is_refused_for_it():
+    with pytest.raises(VerifyGraphConfigError, match=r"\(--speculative-algorithm = None\)"):
+        build_config(_bare(), ON)
