@@ -9,18 +9,22 @@
 #   MUTATION_TESTS="test/cpu/test_static_buffers.py ..."   # test selection (default: test/cpu)
 #   MUTATION_DESELECT="test/cpu/x.py::test_y ..."         # tests left out (one that fails unmutated
 #                                                         # stops mutmut before any mutant runs)
-#   MUTATION_KEEP=1   # reuse $MUTATION_DIR as staged (a snapshot: the checkout may have moved
-#                     # on): mutmut runs only mutants not checked yet and collects stats only for
-#                     # tests it has not seen; MUTATION_COPY="test/cpu/test_a.py ..." copies those
-#                     # files from the checkout into the snapshot first
-#   MUTATION_MUTANTS="sglang_verify_graph.buffers.*"   # re-run these mutants (mutmut globs)
+#   MUTATION_KEEP=1   # reuse $MUTATION_DIR, brought up to the checkout: mutmut re-mutates changed
+#                     # modules, runs only mutants not checked yet (or named below) and collects
+#                     # stats only for tests it has not seen
+#   MUTATION_MUTANTS="sglang_verify_graph.buffers.*"   # re-run these mutants (mutmut globs);
+#                     # "survived": every mutant not killed in the last run (after adding tests)
 #
-# Needs mutmut >= 3.8 in $PYTHON ($PYTHON -m pip install mutmut). Time on 2 cores: the stats run
-# is one CPU tier under mutmut's trampolines (~10-15 min); then each mutant runs, fastest first and
-# with -x, only the tests that reached its function. Prints one line per mutant that was not
-# killed, then per module and in all: killed / total and the score (killed + timeout) / total.
-# Mutants that survive on purpose (equivalent, or unreachable on CPU) are listed in
-# docs/testing.md; they are counted as not killed here.
+# Needs mutmut >= 3.8 in $PYTHON ($PYTHON -m pip install mutmut). Time on 2 cores, 2 children:
+# mutmut runs the selected tests three times before any mutant (stats, clean, forced fail: ~15 min
+# with the default selection), then each of the ~1,500 mutants runs, fastest first and with -x,
+# only the tests that reached its function (~25 min): a full run is ~40 min; a MUTATION_KEEP=1
+# re-run of the survivors a few minutes. Prints one line per mutant that was not killed, then per
+# module and in all: killed / total and the score (killed + timeout) / total. Mutants that survive
+# on purpose (equivalent, or unreachable on CPU) are listed in docs/testing.md; they are counted as
+# not killed here. Only in-process calls count: mutmut associates a test with a mutant by the
+# functions it ran in the pytest process, so a test that reaches a module only in a fresh
+# interpreter never runs against its mutants.
 #
 # The package is mutated as one tree (source_paths = the package folder; only_mutate picks the
 # modules), so every module of the package is importable from mutants/src. The project's
@@ -48,8 +52,16 @@ IGNORE=${MUTATION_IGNORE-test_accept_pair test_advisor test_bench_baseline test_
 "$PY" -c "import mutmut" 2>/dev/null || { echo "mutation_test.sh: mutmut missing in $PY; fix: $PY -m pip install mutmut" >&2; exit 2; }
 
 if [ "${MUTATION_KEEP:-0}" = 1 ] && [ -d "$W/mutants" ]; then
-  for f in ${MUTATION_COPY:-}; do
-    for dest in "$W" "$W/mutants"; do mkdir -p "$(dirname "$dest/$f")"; cp "$ROOT/$f" "$dest/$f"; done
+  # Bring the snapshot up to the checkout: a changed module is copied (mutmut then re-mutates it
+  # and forgets the results of its changed functions), everything else the tests read replaced.
+  for f in "$ROOT"/python/sglang_verify_graph/*.py; do
+    cmp -s "$f" "$W/src/sglang_verify_graph/$(basename "$f")" || cp "$f" "$W/src/sglang_verify_graph/"
+  done
+  for dest in "$W" "$W/mutants"; do
+    rm -rf "$dest/test" "$dest/benchmark" "$dest/scripts" "$dest/sgl-kernel" "$dest/docs" "$dest/python"
+    cp -r "$ROOT/test" "$ROOT/benchmark" "$ROOT/scripts" "$ROOT/sgl-kernel" "$ROOT/docs" "$ROOT/README.md" "$dest/"
+    mkdir -p "$dest/python"; cp -r "$ROOT/python/sglang_verify_graph" "$dest/python/"
+    find "$dest" -name __pycache__ -type d -prune -exec rm -rf {} +
   done
 else
   rm -rf "$W"; mkdir -p "$W/src"
@@ -79,6 +91,10 @@ TOML
 } > "$W/pyproject.toml"
 [ -d "$W/mutants" ] && cp "$W/pyproject.toml" "$W/mutants/pyproject.toml"
 cd "$W"
+if [ "${MUTATION_MUTANTS:-}" = survived ]; then
+  MUTATION_MUTANTS=$("$PY" -m mutmut results 2>/dev/null | sed -n 's/^ *\(sglang_verify_graph\.[^:]*\): .*/\1/p' | tr '\n' ' ')
+  [ -n "$MUTATION_MUTANTS" ] || { echo "mutation_test.sh: no surviving mutants to re-run" >&2; exit 0; }
+fi
 # PYTHONPATH is set from inside the interpreter: a sys.path entry that does not exist yet when the
 # interpreter starts (mutants/src, made by mutmut) is cached as "no importer" in
 # sys.path_importer_cache, and mutmut's own insertion of the same path string then imports nothing
