@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from conftest import chain_backend_stub
+from cpu_stubs import chain_backend_stub
 
 
 def test_fp8_checkpoint_layer_with_unit_kv_scale_is_served(monkeypatch):

@@ -15,7 +15,7 @@ from sglang_verify_graph import chain_backend as cb
 from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.errors import VerifyGraphConfigError
 
-from conftest import chain_backend_stub, chain_config, forward_mode
+from cpu_stubs import chain_backend_stub, chain_config, forward_mode
 
 CFG = chain_config()
 FIXES = {cb.ChainVerifyTritonBackend: "remove --enable-verify-cuda-graph for this model",

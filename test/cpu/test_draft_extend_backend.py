@@ -15,7 +15,7 @@ from sglang_verify_graph import counters as C
 from sglang_verify_graph.env import ENV_DRAFT_EXTEND, read_env
 from sglang_verify_graph.errors import VerifyGraphConfigError
 
-from conftest import chain_backend_stub, chain_config, forward_mode as _mode
+from cpu_stubs import chain_backend_stub, chain_config, forward_mode as _mode
 
 CFG = chain_config()
 

@@ -17,7 +17,7 @@ from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
 from sglang_verify_graph.selftest import NO_PROBE
 
-from conftest import chain_config, forward_mode
+from cpu_stubs import chain_config, forward_mode
 
 MAX_BS, NDT, HIDDEN, VOCAB = 8, 3, 16, 32
 

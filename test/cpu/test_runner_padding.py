@@ -16,7 +16,7 @@ from sglang_verify_graph import sglang_adapter as adapter
 from sglang_verify_graph.buffers import PAD_TOKEN_ID
 from sglang_verify_graph.runner import VerifyCudaGraphRunner
 
-from conftest import forward_mode as _mode
+from cpu_stubs import forward_mode as _mode
 
 WIDTH, CAPTURE_BS, STALE = 4, (1, 2, 4, 8), 777
 

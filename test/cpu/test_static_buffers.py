@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 import torch
+from cpu_stubs import chain_backend_stub, chain_config
 from sglang.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
 
 from sglang_verify_graph.buffers import PAD_SLOT, VerifyStaticBuffers
@@ -134,7 +135,6 @@ def test_the_declared_scratch_is_what_the_chain_backend_allocates():
     """The runner declares ``chain_att_out`` / ``chain_att_lse`` from the chain backend's
     ``chain_workspace_numel``: the declaration's sizes and dtypes are those of the tensors
     ``init_cuda_graph_state`` allocates for the largest bucket (fp32 partials)."""
-    from conftest import chain_backend_stub, chain_config
     from sglang_verify_graph import chain_backend as cb
 
     backend, _, _, _ = chain_backend_stub(cb.ChainVerifyTritonBackend)
