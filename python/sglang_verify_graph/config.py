@@ -284,9 +284,7 @@ def check_given(server_args: Any, env: Optional[EnvSettings] = None) -> None:
     Raises:
         VerifyGraphConfigError: on the first conflicting given setting, or a malformed variable.
     """
-    if env is None:
-        env = read_env()
-    if not is_enabled(server_args, env):
+    if not is_enabled(server_args, env):  # reads the environment only when the attribute is off
         return
     _check_algorithm(server_args)
     topk = getattr(server_args, "speculative_eagle_topk", None)

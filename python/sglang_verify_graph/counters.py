@@ -72,6 +72,7 @@ class VerifyCounters:
     draft_extend_padded_rows: int = 0
     draft_extend_eager: int = 0
     _last_reason: Optional[str] = None
+    _last_detail: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -110,7 +111,7 @@ class VerifyCounters:
         if n == 1 or n % 1000 == 0:
             logger.warning(
                 "verify CUDA graph fallback #%d (%s%s): this verify step ran eagerly",
-                n, reason, f": {getattr(self, '_last_detail', '')}" if getattr(self, "_last_detail", "") else "",
+                n, reason, f": {self._last_detail}" if self._last_detail else "",
             )
         self._last_reason = None
         self._last_detail = ""  # else the next fallback's warning would name this refusal's detail

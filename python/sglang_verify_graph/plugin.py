@@ -261,7 +261,7 @@ def register() -> None:
         # VerifyGraphConfigError (a SystemExit here would end the user's program).
         logger.error("sglang_verify_graph: %s", e)
         if install(runtime=False):
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            print(f"error: {e}", file=sys.stderr)  # stderr is line-buffered
             raise SystemExit(2) from None
         return
     profile = env.profile_every > 0
@@ -274,6 +274,6 @@ def register() -> None:
            f"(sglang {adapter.SGLANG_VERSION}; supported: {', '.join(adapter.SUPPORTED_VERSIONS)}); "
            f"not applied: {'; '.join(missing)}")
     if env.enable or profile or env.sync_check or adapter.argv_requests_flag(FLAG):
-        print(msg, file=sys.stderr, flush=True)
+        print(msg, file=sys.stderr)
         raise SystemExit(1)
     logger.error(msg)

@@ -84,7 +84,7 @@ class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):
         if forward_batch.replace_embeds is not None:
             return C.REASON_REPLACE_EMBEDS, ""
         spec = forward_batch.spec_info
-        width = getattr(spec, "num_tokens_per_req", 0) if spec is not None else 0
+        width = getattr(spec, "num_tokens_per_req", 0)  # 0 also when spec_info is None
         if width > 0 and width != self.captured_req_width:
             return C.REASON_WIDTH, f"{width} != {self.captured_req_width}"
         bs = (max(forward_batch.original_global_num_tokens_cpu) if self.require_mlp_tp_gather
