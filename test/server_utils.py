@@ -24,6 +24,13 @@ import time
 
 import requests
 
+ACCEPT_PAIR_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
+                    "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
+                    "--skip-tokenizer-init", "--grammar-backend", "none", "--mem-fraction-static", "0.4",
+                    "--cuda-graph-max-bs-decode", "8", "--context-length", "4096", "--random-seed", "0"]
+"""The server flags of the accept-pair e2e tests (``scripts/accept_pair.py``'s pairs): triton,
+greedy over token ids (no tokenizer, no radix cache), decode buckets up to 8 requests."""
+
 SHARED_GPU_ENV = "VERIFY_GRAPH_SHARED_GPU_TOKENS"
 SHARED_GPU_MEM_FRACTION = 0.95
 """``--mem-fraction-static`` in shared-GPU mode: the budget check passes whatever the other

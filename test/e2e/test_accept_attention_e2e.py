@@ -40,6 +40,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import accept_pair as ap  # noqa: E402
+from server_utils import ACCEPT_PAIR_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.server]
 
@@ -54,10 +55,7 @@ FAULT_ENV = "SGLANG_VERIFY_GRAPH_TEST_FAULT"
 RESULTS = {}
 RESULTS_FILE = "accept_attn_results.json"  # written by conftest._module_results
 
-COMMON = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
-          "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
-          "--skip-tokenizer-init", "--grammar-backend", "none", "--mem-fraction-static", "0.4",
-          "--cuda-graph-max-bs-decode", "8", "--context-length", "4096", "--random-seed", "0"]
+COMMON = ACCEPT_PAIR_ARGS
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import accept_pair as ap  # noqa: E402
+from server_utils import ACCEPT_PAIR_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.server]
 
@@ -48,10 +49,7 @@ PROMPTS = [[_rng.randrange(10, ap.VOCAB - 10) for _ in range(_rng.randrange(6, 2
 RESULTS = {}
 RESULTS_FILE = "accept_results.json"  # written by conftest._module_results
 
-COMMON = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
-          "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
-          "--skip-tokenizer-init", "--grammar-backend", "none", "--mem-fraction-static", "0.4",
-          "--cuda-graph-max-bs-decode", "8", "--context-length", "4096", "--random-seed", "0"]
+COMMON = ACCEPT_PAIR_ARGS
 MODE_ARGS = {"ours": ["--enable-verify-cuda-graph"], "upstream": [],
              "eager": ["--disable-cuda-graph"]}
 
