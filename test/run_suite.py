@@ -378,6 +378,28 @@ SHARD_WRAPPED_ST = Stage(  # est (not measured): one engine start ~120-150 s + 2
     extra=Arg("SHARD_WRAPPED_ARGS", "--model kimi-k25-shard-wrapped --modes ours --steps 3 --contexts 1024 "
               "--batch-sizes 1,8 --new-tokens 32 --mem 0.7 --moe-runner-backend triton --cuda-graph-bs 1,8"))
 
+SHARD_FLOOR_ARGS = ("--model kimi-k25-shard --modes plain,ours --steps 2 --contexts 1024,4096 --batch-sizes 8,24 "
+                    "--new-tokens 48 --prefix-cache --mem 0.85 --moe-runner-backend triton --cuda-graph-bs 8,24")
+"""3 draft tokens at bs 8 against plain decode at bs 8 and at bs 24: a decode step over the verify's
+24 tokens (the same GEMM and MoE rows, decode's attention) measured in the same run."""
+# est (not measured): 2 engine starts of ~70 s + prefill of 24 prompts at 1k and 4k (~125k tokens at
+# 3-4k tokens/s) per engine + 4 points x ~50 tokens
+SHARD_FLOOR_ST = _shard_bench("shard_floor", SHARD_FLOOR_ARGS, 480, 330, "230")
+SHARD_PARTS_ST = Stage(  # est (not measured): one shard layer, 11 timed points of 60 replays + MoE weight sets
+    "shard_parts", ("python3", "benchmark/bench_verify_parts.py", "--out", "{work}/shard_parts_results.json"),
+    "SHARD_PARTS_TMO", 150, 90, kind="bench", alone=True, results="shard_parts_results.json",
+    extra=Arg("SHARD_PARTS_ARGS", "--batch-sizes 8 --contexts 1024,4096 --ndt 3"))
+SHARD_CAPTURE_ARGS = ("--model kimi-k25-shard --repeats 3 --steps 2 --batch-sizes 1,4,8,16,32 "
+                      "--cuda-graph-bs 1,4,8,16,32 --mem 0.85 --moe-runner-backend triton")
+"""Capture time of the shard's verify graphs, ours vs upstream, over alternating engine starts
+(the buckets of the shard sweep)."""
+# est (not measured): 6 engine starts of ~70 s (dummy init of 72 GiB, 61-layer captures), no generation
+SHARD_CAPTURE_ST = Stage(
+    "shard_capture", ("python3", "benchmark/bench_capture.py", "--out", "{work}/shard_capture_results.json",
+                      "--log-dir", "{logs}/shard_capture", "--mode-timeout", "200", "--models-dir", "{models}"),
+    "SHARD_CAPTURE_TMO", 520, 450, kind="bench", alone=True, report="capture",
+    results="shard_capture_results.json", extra=Arg("SHARD_CAPTURE_ARGS", SHARD_CAPTURE_ARGS))
+
 # ------------------------------------------------------------------------------ the suites
 SUITES: dict[str, Suite] = {
     "demo": Suite(
@@ -438,6 +460,13 @@ SUITES: dict[str, Suite] = {
     "shard_bench": Suite(
         "per-phase GPU time on the shard, plain / upstream / ours, num_steps 2 and 3, bs 1-32 x ctx "
         "1k-16k (SHARD_BENCH_ARGS; longer than a 10-minute call)", 1080, (SHARD_BENCH_ST,), total_s=1600),
+    "shard_floor": Suite(
+        "3 draft tokens at bs 8 on the shard against plain decode at bs 8 and 24 (the verify's token "
+        "count), then one shard layer's parts (attention, routed MoE, dense) at bs 8, ctx 1k and 4k",
+        330 + 90, (SHARD_FLOOR_ST, SHARD_PARTS_ST), total_s=595),
+    "shard_capture": Suite(
+        "capture time and memory of the shard's verify graphs, ours vs upstream, 3 alternating starts "
+        "each (SHARD_CAPTURE_ARGS)", 450, (SHARD_CAPTURE_ST,), total_s=595),
     "shard_bench_lean": Suite(
         "per-phase GPU time on the shard, num_steps 3, bs 1 and 32 x ctx 1k and 16k (SHARD_BENCH_LEAN_ARGS)",
         480, (SHARD_BENCH_LEAN_ST,), total_s=595),

@@ -42,6 +42,8 @@ WANT_FILES = {
     "shard": {"test/run_suite.py", "test/e2e/test_server_e2e.py", "benchmark/bench_verify.py"},
     "shard_bench": {"benchmark/bench_verify.py"},
     "shard_bench_lean": {"benchmark/bench_verify.py"},
+    "shard_floor": {"benchmark/bench_verify.py", "benchmark/bench_verify_parts.py"},
+    "shard_capture": {"benchmark/bench_capture.py"},
 }
 SHARD_SUITES = {n for n in WANT_FILES if n.startswith("shard")}
 
