@@ -2,6 +2,7 @@
 """A Llama target + EAGLE-3 draft whose agreement is set by construction (real weights, no hub).
 
     python3 scripts/accept_pair.py OUT_DIR [--agree 0.7] [--seed 0] [--attention]
+    python3 scripts/accept_pair.py OUT_DIR --shape llama8b --attention [--agree 0.36,0.55,0.65,0.77]
 
 writes ``OUT_DIR/llama-pair`` (LlamaForCausalLM) and ``OUT_DIR/llama-pair-eagle3``
 (LlamaForCausalLMEagle3): config.json, tokenizer (``sglang_verify_graph.dummy_models.write_model``) and
@@ -63,6 +64,37 @@ ids 0/1 share ``h`` (so no single fault makes the target emit pad or BOS).
   :func:`attention_prediction` is that rule, :func:`reference_logits` the float forward.
 * draft: the plain pair's. ``fc`` reads only the token dims of the aux states, so the bias and
   the features (correct or faulted) never reach it.
+
+The Llama-3.1-8B-shape pair (``--shape llama8b [--attention]``; :data:`LLAMA8B`, the timing of a
+real Llama-3.1-8B and its EAGLE-3 draft with an accept length set by construction) writes
+``OUT_DIR/llama8b-pair[-attn]`` and its ``-eagle3``:
+
+* the construction above at :data:`VOCAB` ids in layer 0 (the self head's planes at rope_theta
+  500000 with the llama3 ``rope_scaling``, as SGLang's ``Llama3RotaryEmbedding`` rotates them; the
+  BOS heads are q heads 4 and 5, KV head 1's first two); layers 1-31 at full size with random
+  q/k/v and gate/up and zero ``o_proj`` / ``down_proj``: real compute, no write to the residual;
+  embedding and lm_head padded with zero rows to vocab 128256 (no prompt holds an id >= 512,
+  and a zero row's logit 0 stays below the greedy token's, which is positive);
+* the draft: one layer of hidden 4096, intermediate 14336, 32 / 8 heads, ``draft_vocab_size``
+  32000 (the lm_head rows beyond 512 zero, ``d2t`` zeros: SGLang 0.5.16's ``llama_eagle3.py``
+  turns it into ``hot_token_id = d2t + arange``, the identity; ``t2d`` is not read), aux layer
+  ids [1, 15, 28]; no ``embed_tokens`` (the EAGLE-3 worker's ``set_embed`` shares the target's);
+* weights in ``pytorch_model.bin`` (``torch.save``), where every layer's tensors are views of a
+  few shared storages, stored once: 2.4 + 0.8 GiB instead of 16 + 1.9 GiB of safetensors. SGLang
+  0.5.16's ``DefaultModelLoader`` reads ``*.bin`` when a folder has no ``*.safetensors``
+  (``torch.load(weights_only=True)``) and copies each tensor into that layer's own parameter.
+  Written in 33 s on 2 busy CPU cores (5.7 GB peak memory);
+* agreement classes (:func:`make_class_maps`): the ids >= 3 split into one class per ``--agree``
+  value, ``g`` one cycle per class, so a request's accept length is set by the class of its last
+  prompt token (:func:`speedup_prompts`) and one pair serves several accept lengths. The default
+  classes (:data:`AGREE_LLAMA8B`) and the accept length :func:`simulate` gives a request of each
+  at num_steps 3 and 128 new tokens (SGLang's completion tokens / verify steps; 64-512 new tokens:
+  within 0.2):
+
+  =========  =====  =====  =====  =====
+  agree      0.36   0.55   0.65   0.77
+  accept     1.52   2.00   2.46   2.98
+  =========  =====  =====  =====  =====
 """
 from __future__ import annotations
 
@@ -280,19 +312,45 @@ def feature_dims(vocab: int = VOCAB) -> dict:
             "bos": [vocab + bits, vocab + bits + 1]}
 
 
-def rope_inv_freq(head_dim: int = HEAD_DIM, theta: float = ROPE_THETA):
+def rope_inv_freq(head_dim: int = HEAD_DIM, theta: float = ROPE_THETA, scaling: dict | None = None):
     """The rotary frequencies (rad per position, float32 ``[head_dim / 2]``) as SGLang 0.5.16's
     ``RotaryEmbedding._compute_inv_freq`` computes them (neox style: plane ``i`` rotates dims
-    ``i`` and ``i + head_dim / 2``)."""
+    ``i`` and ``i + head_dim / 2``). ``scaling``: a config's ``rope_scaling``; ``rope_type``
+    ``llama3`` applies ``Llama3RotaryEmbedding._compute_inv_freq`` (planes of wavelength below
+    ``original_max_position_embeddings / high_freq_factor`` unchanged, above ``.. /
+    low_freq_factor`` divided by ``factor``, smoothly interpolated between). Raises ValueError
+    for another ``rope_type``."""
+    import math
+
     import torch
 
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r}: only llama3 is modelled")
+    factor, lo, hi = scaling["factor"], scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    orig = scaling["original_max_position_embeddings"]
+    wave = 2 * math.pi / inv
+    smooth = (orig / wave - lo) / (hi - lo) if lo != hi else 0
+    return torch.where(wave < orig / hi, inv, torch.where(
+        wave > orig / lo, inv / factor, (1 - smooth) * inv / factor + smooth * inv))
+
+
+def bos_heads(heads: int = HEADS, kv_heads: int = KV_HEADS) -> tuple:
+    """The attention pair's two BOS q heads: the first two q heads of KV head 1 (``(2, 3)`` for
+    :data:`HEADS` / :data:`KV_HEADS`, ``(4, 5)`` at 32 q / 8 KV heads)."""
+    group = heads // kv_heads
+    return (group, group + 1)
 
 
 def _attention_target(target: dict, maps: dict, hidden: int, vocab: int, heads: int,
-                      kv_heads: int, head_dim: int) -> None:
+                      kv_heads: int, head_dim: int, rope_theta: float = ROPE_THETA,
+                      rope_scaling: dict | None = None) -> None:
     """Turn the plain target (one-hot residual, zero ``o_proj``) into the attention pair's, in
-    place: embedding bias dim, layer-0 self and BOS heads, the code lm_head (module docstring)."""
+    place: embedding bias dim, layer-0 self and BOS heads (:func:`bos_heads`), the code lm_head
+    (module docstring); the self head's planes follow ``rope_theta`` / ``rope_scaling``."""
     import torch
 
     code, g = maps["code"], maps["g"]
@@ -305,19 +363,18 @@ def _attention_target(target: dict, maps: dict, hidden: int, vocab: int, heads: 
                          f"head_dim {head_dim})")
     if hidden < vocab + nbits + 3:
         raise ValueError(f"the attention pair needs hidden >= vocab + {nbits + 3}, got {hidden}")
-    if BOS_HEADS != (group, group + 1):
-        raise ValueError(f"BOS_HEADS {BOS_HEADS} must be the q heads of KV head 1 ({group}, {group + 1})")
+    bos_q = bos_heads(heads, kv_heads)
     target["model.embed_tokens.weight"][:, dims["bias"]] = 1.0
     r0 = 1.0 / (2.0 / hidden + RMS_EPS) ** 0.5  # normalized value of e_t and of the bias dim
     scale = head_dim ** -0.5
-    w = rope_inv_freq(head_dim).double()
+    w = rope_inv_freq(head_dim, rope_theta, rope_scaling).double()
     p = "model.layers.0.self_attn."
     wq, wk = target[p + "q_proj.weight"], target[p + "k_proj.weight"]
     wv, wo = target[p + "v_proj.weight"], target[p + "o_proj.weight"]
     qh = lambda h: slice(h * head_dim, (h + 1) * head_dim)  # noqa: E731
-    for h in (SELF_HEAD,) + BOS_HEADS:
+    for h in (SELF_HEAD,) + bos_q:
         wq[qh(h)] = 0.0
-    for kvh in (SELF_HEAD // group, BOS_HEADS[0] // group):
+    for kvh in (SELF_HEAD // group, bos_q[0] // group):
         wk[qh(kvh)] = 0.0
         wv[qh(kvh)] = 0.0
     # self head: score(d) = SELF_SCORE * sum_i A_i cos((d + 1) w_i) / sum_i A_i, A_i ~ sqrt(w_i)
@@ -339,14 +396,14 @@ def _attention_target(target: dict, maps: dict, hidden: int, vocab: int, heads: 
     # BOS heads: k from e_BOS only, q = +-s(t); value +1 for BOS, -1 for every other id
     b = (BOS_SCORE / BOS_PLANES / scale) ** 0.5
     planes = list(range(half - BOS_PLANES, half))
-    base = (BOS_HEADS[0] // group) * head_dim
+    base = (bos_q[0] // group) * head_dim
     for i in planes:
         wk[base + i, BOS] = b / r0
-        for h, sign in zip(BOS_HEADS, (1.0, -1.0)):
+        for h, sign in zip(bos_q, (1.0, -1.0)):
             wq[h * head_dim + i, :vocab] = sign * sgn * b / r0
     wv[base, :vocab] = -1.0 / r0
     wv[base, BOS] = 1.0 / r0
-    for h, d in zip(BOS_HEADS, dims["bos"]):
+    for h, d in zip(bos_q, dims["bos"]):
         wo[d, h * head_dim] = 1.0
     # lm_head: logit(n) = w(n) . f + PARTNER_BONUS [n = g(p(t))], w(n) = features of g^-1(n)
     feats = torch.cat([hbits, sgn[:, None], -sgn[:, None]], dim=1)  # F(t) [V, nbits + 2]
@@ -364,11 +421,13 @@ def _attention_target(target: dict, maps: dict, hidden: int, vocab: int, heads: 
 
 def build_weights(maps: dict, hidden: int = HIDDEN, vocab: int = VOCAB, layers: int = LAYERS,
                   heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
-                  intermediate: int = INTERMEDIATE, seed: int = 0, attention: bool = False):
+                  intermediate: int = INTERMEDIATE, seed: int = 0, attention: bool = False,
+                  rope_theta: float = ROPE_THETA, rope_scaling: dict | None = None):
     """The two state dicts (HF names, float32 CPU tensors): ``(target, draft)``.
 
     ``attention``: the attention pair's target (``maps`` then needs ``"code"``, from
-    :func:`make_codes`); the draft is the same either way.
+    :func:`make_codes`; its self head is built for ``rope_theta`` / ``rope_scaling``); the draft
+    is the same either way.
 
     Raises:
         ValueError: ``vocab > hidden // 2`` or ``intermediate < 2 * vocab`` (no room for the
@@ -441,7 +500,8 @@ def build_weights(maps: dict, hidden: int = HIDDEN, vocab: int = VOCAB, layers: 
         p + "post_attention_layernorm.weight": torch.ones(hidden),
     }
     if attention:
-        _attention_target(target, maps, hidden, vocab, heads, kv_heads, head_dim)
+        _attention_target(target, maps, hidden, vocab, heads, kv_heads, head_dim, rope_theta,
+                          rope_scaling)
     return target, draft
 
 
@@ -471,11 +531,13 @@ class AttentionFault:
 def reference_logits(sd: dict, ids: list, chain_start: int | None = None,
                      fault: AttentionFault | None = None, bf16: bool = False,
                      heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
-                     rope_theta: float = ROPE_THETA, skip_zero: bool = True) -> tuple:
+                     rope_theta: float = ROPE_THETA, skip_zero: bool = True,
+                     rope_scaling: dict | None = None) -> tuple:
     """The float CPU forward of a target state dict over one sequence: ``(logits, entering)``.
 
     A plain Llama forward as SGLang 0.5.16 computes it for this config: RMSNorm (eps
-    :data:`RMS_EPS`), neox RoPE with float32 ``cos``/``sin`` (``rope_inv_freq``), causal GQA
+    :data:`RMS_EPS`), neox RoPE with float32 ``cos``/``sin`` (``rope_inv_freq``, with
+    ``rope_scaling``), causal GQA
     softmax attention with ``head_dim ** -0.5``, SiLU-gated MLP, final norm, lm_head.
     ``ids``: token ids (positions 0..T-1); ``chain_start``: first row of the verify chain, the
     rows ``fault`` applies to (None: no chain). ``bf16``: round to bfloat16 where SGLang keeps
@@ -493,7 +555,7 @@ def reference_logits(sd: dict, ids: list, chain_start: int | None = None,
     cs = T if chain_start is None else chain_start
     fault = fault or AttentionFault()
     group, half = heads // kv_heads, head_dim // 2
-    ang = torch.arange(T, dtype=torch.float)[:, None] * rope_inv_freq(head_dim, rope_theta)[None]
+    ang = torch.arange(T, dtype=torch.float)[:, None] * rope_inv_freq(head_dim, rope_theta, rope_scaling)[None]
     cos, sin = ang.cos()[:, None], ang.sin()[:, None]
 
     def rope(v):  # [T, h, D]
@@ -561,19 +623,334 @@ def write_pair(out: str, agree: float = 0.7, seed: int = 0, attention: bool = Fa
     return tuple(dirs)
 
 
+# ---------------------------------------------------------------- real-shape pairs, agreement classes
+LLAMA3_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+"""Llama-3.1-8B's ``rope_scaling`` (``dummy_models.llama_8b``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PairShape:
+    """The widths of one constructed pair.
+
+    ``vocab``: the construction's ids ``0 .. vocab - 1`` (V of the module docstring);
+    ``vocab_size``: the config's vocabulary, the rows of the target's embedding and lm_head
+    (rows ``>= vocab`` are zero); ``draft_vocab``: the draft's ``draft_vocab_size`` (its lm_head
+    rows; rows ``>= vocab`` zero, ``d2t`` all 0, so draft id ``i`` is target id ``i``);
+    ``aux_ids``: ``eagle_aux_hidden_state_layer_ids``; ``rope_scaling``: the config's (None or
+    :data:`LLAMA3_ROPE_SCALING`).
+    """
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    vocab_size: int
+    draft_vocab: int
+    aux_ids: tuple
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position: int
+
+    def folder(self, attention: bool) -> str:
+        """The target's folder name (the draft's adds ``-eagle3``)."""
+        return self.name + ("-attn" if attention else "")
+
+
+LLAMA8B = PairShape("llama8b-pair", 4096, 32, 32, 8, 128, 14336, VOCAB, 128256, 32000, (1, 15, 28),
+                    500000.0, LLAMA3_ROPE_SCALING, 131072)
+"""Llama-3.1-8B (``dummy_models.llama_8b``: hidden 4096, 32 layers, 32 q / 8 KV heads of 128,
+intermediate 14336, vocab 128256, rope_theta 500000 with llama3 scaling, 131072 positions) and its
+EAGLE-3 draft's shape (one layer of the same widths, aux layer ids [1, 15, 28], draft vocab 32000)."""
+SHAPES = {"llama8b": LLAMA8B}
+NUM_STEPS = 3  # the num_steps the agreement classes are calibrated for
+ACCEPT_TARGETS = (1.5, 2.0, 2.5, 3.0)
+AGREE_LLAMA8B = (0.36, 0.55, 0.65, 0.77)
+"""The per-position agreement of each class of the llama8b pair (:func:`make_class_maps`, seed 0,
+:data:`VOCAB` ids): the values :func:`calibrate_agree` picks for :data:`ACCEPT_TARGETS` at
+num_steps 3 with :data:`SPEEDUP_NEW_TOKENS` new tokens per request (SGLang's accept length =
+completion tokens / verify steps; ``test_accept_pair.py`` checks each within 0.15)."""
+SPEEDUP_NEW_TOKENS = 128
+"""New tokens per request the classes are calibrated at: a request walks ``new_tokens - 1`` >=
+its class's cycle (127 or 128 ids), so its accept length is the class's, whatever its start."""
+
+
+def make_class_maps(vocab: int = VOCAB, agrees=(0.7,), seed: int = 0) -> dict:
+    """Target and draft maps with one agreement class per value of ``agrees``.
+
+    The ids >= 3 are shuffled (``seed``) and split into ``len(agrees)`` classes of near-equal
+    size; ``g`` is one cycle per class (a token's greedy successor stays in its class, so a
+    request keeps the class of its last prompt token). In class ``c`` exactly ``round(agrees[c]
+    * n_c)`` ids have ``d1[y] == g[g[y]]`` and as many, drawn separately, ``G[t] == g[t]``; the
+    others name another id of the class. Each class draws from its own generator (``seed``,
+    ``c``), so one class's maps do not depend on the other classes' agreements, and its agreeing
+    ids at a higher agreement include those at a lower one.
+
+    Returns ``{"g", "d1", "G"}`` (lists of ``vocab`` ints, as :func:`make_maps`) and
+    ``"classes"``: per class ``{"agree": float, "ids": [class ids in cycle order], "last_token":
+    ids[0]}``. Raises ValueError for an agreement outside [0, 1] or a class of < 2 ids.
+    """
+    agrees = list(agrees)
+    if not agrees or any(not 0.0 <= a <= 1.0 for a in agrees):
+        raise ValueError(f"agreements must be in [0, 1], got {agrees}")
+    ids = list(range(SPECIAL, vocab))
+    random.Random(f"classes-{seed}").shuffle(ids)
+    k = len(agrees)
+    bounds = [len(ids) * c // k for c in range(k + 1)]
+    g, d1, G = list(range(vocab)), list(range(vocab)), list(range(vocab))
+    classes = []
+    for c, agree in enumerate(agrees):
+        cyc = ids[bounds[c]:bounds[c + 1]]
+        if len(cyc) < 2:
+            raise ValueError(f"class {c} has {len(cyc)} ids; use fewer classes or a larger vocab")
+        for a, b in zip(cyc, cyc[1:] + cyc[:1]):
+            g[a] = b
+        rng = random.Random(f"agree-{seed}-{c}")
+        n = len(cyc)
+        for table, right in ((d1, lambda t: g[g[t]]), (G, lambda t: g[t])):
+            order = list(cyc)
+            rng.shuffle(order)
+            shift = [rng.randrange(1, n) for _ in cyc]  # drawn whatever the agreement
+            hit = set(order[:round(agree * n)])  # nested: a higher agreement adds ids
+            for j, t in enumerate(cyc):
+                r = right(t)
+                table[t] = r if t in hit else cyc[(cyc.index(r) + shift[j]) % n]
+        classes.append({"agree": agree, "ids": cyc, "last_token": cyc[0]})
+    return {"g": g, "d1": d1, "G": G, "classes": classes}
+
+
+def speedup_prompts(maps: dict, context: int, bs: int, cls: int, vocab: int = VOCAB) -> list:
+    """``bs`` prompts of ``context`` ids for class ``cls`` of :func:`make_class_maps`: BOS, then
+    ``context - 2`` random ids in ``[3, vocab)`` (request ``i``'s depend on ``(context, i)`` only,
+    so every batch size and class shares them: radix-cache hits), then the class's last token.
+    All requests of a batch end in the same token, so they emit the same tokens in the same
+    verify steps (equal accept lengths). Raises ValueError for ``context < 2``."""
+    if context < 2:
+        raise ValueError(f"context {context}: want >= 2 tokens (BOS and the class token)")
+    last = maps["classes"][cls]["last_token"]
+    out = []
+    for i in range(bs):
+        rng = random.Random(1000003 * context + i)
+        out.append([BOS] + [rng.randrange(SPECIAL, vocab) for _ in range(context - 2)] + [last])
+    return out
+
+
+def sglang_accept_length(sim: dict) -> float:
+    """SGLang's per-request ``spec_accept_length`` of one :func:`simulate` result: completion
+    tokens / verify steps (the prefill's token included). Raises ValueError without a cycle."""
+    if not sim["accepted"]:
+        raise ValueError("no verify step: max_new_tokens 1 emits the prefill's token only")
+    return len(sim["output_ids"]) / len(sim["accepted"])
+
+
+def class_accept_length(maps: dict, cls: int, max_new_tokens: int = SPEEDUP_NEW_TOKENS,
+                        num_steps: int = NUM_STEPS) -> float:
+    """The simulated SGLang accept length of a request of class ``cls`` (its last token decides
+    it: :func:`simulate` without a fault reads no other prompt token)."""
+    return sglang_accept_length(simulate(maps, [maps["classes"][cls]["last_token"]],
+                                         max_new_tokens, num_steps))
+
+
+def calibrate_agree(target: float, vocab: int = VOCAB, n_classes: int = 4, cls: int = 0,
+                    seed: int = 0, max_new_tokens: int = SPEEDUP_NEW_TOKENS,
+                    num_steps: int = NUM_STEPS) -> tuple:
+    """The agreement (a multiple of 0.01) whose class ``cls`` of ``n_classes`` gives the
+    simulated accept length closest to ``target``: ``(agree, accept_length)``."""
+    best = None
+    for a in range(101):
+        agrees = [0.5] * n_classes
+        agrees[cls] = a / 100
+        got = class_accept_length(make_class_maps(vocab, agrees, seed), cls, max_new_tokens,
+                                  num_steps)
+        if best is None or abs(got - target) < abs(best[1] - target):
+            best = (a / 100, got)
+    return best
+
+
+def shape_configs(shape: PairShape) -> tuple:
+    """``(dummy_models module, target config, draft config)`` of ``shape`` (``dummy_models``'
+    Llama and EAGLE-3 config builders; checked with ``check_pair``)."""
+    from sglang_verify_graph import dummy_models as mm
+
+    target = mm._llama(shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.intermediate,
+                       shape.vocab_size, shape.max_position, shape.rope_theta,
+                       head_dim=shape.head_dim, rope_scaling=shape.rope_scaling)
+    draft = mm._eagle3_draft(dict(target), list(shape.aux_ids), shape.hidden, shape.draft_vocab)
+    mm.check_pair(shape.folder(False), target, draft)
+    return mm, target, draft
+
+
+def build_shape_weights(maps: dict, shape: PairShape, seed: int = 0, attention: bool = True,
+                        dtype=None) -> tuple:
+    """The two state dicts of ``shape`` (HF names, CPU tensors of ``dtype``, default bfloat16):
+    ``(target, draft)``, for ``torch.save`` (``pytorch_model.bin``).
+
+    Layer 0 and the draft are :func:`build_weights`' at ``shape.vocab`` ids. Layers 1 ..
+    ``layers - 1`` cost a real layer's compute but write nothing: random q/k/v and gate/up at full
+    size, ``o_proj`` and ``down_proj`` zero, so the residual is the one layer 0 leaves. They all
+    hold views of the same few tensors (and layer 0's MLP too: it writes nothing in either pair):
+    ``torch.save`` stores a shared storage once, SGLang's loader copies it into every layer's own
+    parameter. The embedding and lm_head are padded with zero rows to ``vocab_size``: no prompt
+    holds an id ``>= vocab``, and a zero lm_head row's logit 0 never wins, the greedy token's
+    logit being positive (``test_accept_pair.py``). The draft's lm_head is padded to
+    ``draft_vocab`` rows, its ``d2t`` is zeros of that length; it has no ``embed_tokens``
+    (SGLang 0.5.16's EAGLE-3 worker gives the draft the target's embedding, ``set_embed``).
+
+    Raises ValueError as :func:`build_weights`, or for a shape whose vocab or draft vocab is
+    below ``vocab``.
+    """
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    V, H, I = shape.vocab, shape.hidden, shape.intermediate
+    q_out, kv_out = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    if shape.vocab_size < V or shape.draft_vocab < V:
+        raise ValueError(f"shape {shape.name}: vocab_size {shape.vocab_size} and draft_vocab "
+                         f"{shape.draft_vocab} must be >= vocab {V}")
+    t32, d32 = build_weights(maps, hidden=H, vocab=V, layers=1, heads=shape.heads,
+                             kv_heads=shape.kv_heads, head_dim=shape.head_dim, intermediate=I,
+                             seed=seed, attention=attention, rope_theta=shape.rope_theta,
+                             rope_scaling=shape.rope_scaling)
+    gen = torch.Generator().manual_seed(seed + 1)
+    rand = lambda *sz: (torch.randn(*sz, generator=gen) * 0.02).to(dtype)  # noqa: E731
+    gate, up, attn = rand(I, H), rand(I, H), rand(q_out + 2 * kv_out, H)  # attn: q, k, v rows
+    zeros = torch.zeros(H * max(I, q_out), dtype=dtype)
+    ones = torch.ones(H, dtype=dtype)
+    shared = {"self_attn.q_proj.weight": attn[:q_out], "self_attn.k_proj.weight": attn[q_out:q_out + kv_out],
+              "self_attn.v_proj.weight": attn[q_out + kv_out:],
+              "self_attn.o_proj.weight": zeros[:H * q_out].view(H, q_out),
+              "mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up,
+              "mlp.down_proj.weight": zeros[:H * I].view(H, I),
+              "input_layernorm.weight": ones, "post_attention_layernorm.weight": ones}
+
+    def padded(w, rows):
+        out = torch.zeros(rows, w.shape[1], dtype=dtype)
+        out[:w.shape[0]] = w
+        return out
+
+    target = {k: v.to(dtype) for k, v in t32.items() if not k.startswith("model.layers.0.mlp.")}
+    target["model.embed_tokens.weight"] = padded(t32["model.embed_tokens.weight"], shape.vocab_size)
+    target["lm_head.weight"] = padded(t32["lm_head.weight"], shape.vocab_size)
+    target["model.norm.weight"] = ones
+    for k in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+        target["model.layers.0." + k] = ones
+    for k in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
+        target["model.layers.0." + k] = shared[k]
+    for i in range(1, shape.layers):
+        target.update({f"model.layers.{i}.{k}": v for k, v in shared.items()})
+    draft = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in d32.items()
+             if k not in ("embed_tokens.weight", "d2t")}
+    draft["lm_head.weight"] = padded(d32["lm_head.weight"], shape.draft_vocab)
+    draft["d2t"] = torch.zeros(shape.draft_vocab, dtype=torch.int64)
+    return target, draft
+
+
+def unique_bytes(sd: dict) -> int:
+    """Bytes ``torch.save`` writes for the tensors of ``sd``: each storage counted once."""
+    seen = {}
+    for v in sd.values():
+        st = v.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def write_shape_pair(out: str, shape: PairShape = LLAMA8B, agrees=AGREE_LLAMA8B, seed: int = 0,
+                     attention: bool = True, targets=None) -> tuple:
+    """Write the pair of ``shape`` under ``out``: ``shape.folder(attention)`` and its ``-eagle3``,
+    each with config.json, tokenizer, ``pytorch_model.bin`` (:func:`build_shape_weights`, shared
+    storages written once; SGLang 0.5.16's default loader reads ``*.bin`` when no
+    ``*.safetensors`` is there: ``torch.load(weights_only=True)``) and ``pair_maps.json``
+    (:func:`make_class_maps`, one class per value of ``agrees``, each with its ``target_accept_length``
+    from ``targets`` when given, and the ``shape``). Returns ``(target_dir, draft_dir)``."""
+    import torch
+
+    mm, tcfg, dcfg = shape_configs(shape)
+    maps = make_class_maps(shape.vocab, agrees, seed)
+    if attention:
+        maps["code"] = make_codes(shape.vocab, seed)
+    for c, cls in enumerate(maps["classes"]):
+        cls["target_accept_length"] = targets[c] if targets else None
+    tw, dw = build_shape_weights(maps, shape, seed, attention)
+    dirs = []
+    base = shape.folder(attention)
+    for name, cfg, weights in ((base, tcfg, tw), (base + "-eagle3", dcfg, dw)):
+        d = mm.write_model(out, name, cfg)
+        for old in ("model.safetensors", "pytorch_model.bin"):
+            if os.path.exists(os.path.join(d, old)):
+                os.remove(os.path.join(d, old))
+        torch.save(weights, os.path.join(d, "pytorch_model.bin"))
+        with open(os.path.join(d, "pair_maps.json"), "w") as f:
+            json.dump(dict(maps, agree=list(agrees), seed=seed, attention=attention,
+                           shape=dataclasses.asdict(shape), num_steps=NUM_STEPS,
+                           new_tokens=SPEEDUP_NEW_TOKENS), f)
+        dirs.append(d)
+    return tuple(dirs)
+
+
+def estimated_bytes(shape: PairShape) -> int:
+    """Bytes of both ``pytorch_model.bin`` files of ``shape`` (bfloat16, shared storages once):
+    the target's padded embedding and lm_head, layer 0's attention, the shared layer tensors,
+    and the draft (fc, its layer's attention and lookup MLP, padded lm_head, d2t)."""
+    H, I = shape.hidden, shape.intermediate
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    target = (2 * shape.vocab_size * H + (2 * q + 2 * kv) * H  # embed, lm_head; layer 0 q/k/v/o
+              + 2 * I * H + (q + 2 * kv) * H + H * max(I, q) + H)  # gate, up, q/k/v, zeros, ones
+    draft = (3 * H * H + (q + 2 * kv) * 2 * H + q * H + 3 * I * H + shape.draft_vocab * H + 3 * H)
+    return 2 * (target + draft) + 8 * shape.draft_vocab
+
+
+def _agree_list(text: str) -> list:
+    """``--agree`` value: one share or a comma list (argparse type; error names the value)."""
+    try:
+        vals = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want shares in [0, 1], e.g. 0.7 or 0.36,0.55")
+    if not vals or any(not 0.0 <= v <= 1.0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text}: want shares in [0, 1], e.g. 0.7 or 0.36,0.55")
+    return vals
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--agree", type=float, default=0.7, help="share of ids where the draft agrees")
+    ap.add_argument("--agree", type=_agree_list, default=None,
+                    help="share of ids where the draft agrees (default 0.7); a comma list, or "
+                         "--shape: one agreement class per value (default for llama8b: "
+                         + ",".join(map(str, AGREE_LLAMA8B)) + ")")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--attention", action="store_true",
                     help="write the attention pair (llama-pair-attn): its target's greedy token "
                          "goes through its verify attention")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                    help="write the pair at that model's shape (llama8b: Llama-3.1-8B and its "
+                         "EAGLE-3 draft, pytorch_model.bin with shared storages, ~3.3 GB)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="with --shape: print the folders and weight bytes, write nothing")
     a = ap.parse_args(argv)
-    if not 0.0 <= a.agree <= 1.0:
-        ap.error(f"--agree {a.agree}: want a share in [0, 1]")
-    for d in write_pair(a.out, a.agree, a.seed, a.attention):
-        print(f"wrote {d}", flush=True)
+    if a.shape is None:
+        if a.dry_run:
+            ap.error("--dry-run: only with --shape")
+        agree = a.agree or [0.7]
+        if len(agree) > 1:
+            ap.error(f"--agree {','.join(map(str, agree))}: several agreement classes need --shape")
+        for d in write_pair(a.out, agree[0], a.seed, a.attention):
+            print(f"wrote {d}", flush=True)
+        return 0
+    shape = SHAPES[a.shape]
+    agrees = a.agree or list(AGREE_LLAMA8B)
+    targets = list(ACCEPT_TARGETS) if a.agree is None and shape is LLAMA8B else None
+    if a.dry_run:
+        print(f"DRYRUN {os.path.join(a.out, shape.folder(a.attention))} and -eagle3: {shape}; "
+              f"agreement classes {agrees}; ~{estimated_bytes(shape) / 2**30:.1f} GiB of "
+              f"pytorch_model.bin", flush=True)
+        return 0
+    for d in write_shape_pair(a.out, shape, agrees, a.seed, a.attention, targets):
+        size = os.path.getsize(os.path.join(d, "pytorch_model.bin"))
+        print(f"wrote {d} ({size / 2**30:.2f} GiB pytorch_model.bin)", flush=True)
     return 0
 
 
