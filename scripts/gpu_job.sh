@@ -26,13 +26,15 @@
 #   <STAGE>_TMO  per-stage limits (KERNEL_TMO, SELFTEST_TMO, NAN_TMO, E2E_TMO, BENCH_TMO, ...: the
 #                table of `python3 test/run_suite.py --list`); PARALLEL, PARALLEL_TMO, SHARED_GPU_TOKENS
 #   BENCH_ARGS   bench_verify.py args (default --quick; "" for its full default), KBENCH_ARGS,
-#                CAPTURE_ARGS; E2E_MODEL, E2E_STEPS, E2E_ARGS, GPU_ARGS, PROFILE_MODEL, ... reach the tests
+#                CAPTURE_ARGS, SPEEDUP_ARGS (bench_speedup.py: default its full grid; the stage builds
+#                the Llama-3.1-8B-shape pair in $MODELS first, ~3.2 GiB); E2E_MODEL, E2E_STEPS, E2E_ARGS,
+#                GPU_ARGS, PROFILE_MODEL, ... reach the tests
 #   BUNDLE       bundle folder (default ./.device-bundle); JITCACHE_MAX_MB (default 7);
 #                $BUNDLE/marlin_jit.tar.xz (a previous job's marlin_jit.tar.xz) is restored too
 #   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
 #                collect tests (pytest --collect-only) and print what the benchmarks would run (--dry-run)
 # Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs; logs/e2e/<stage>/ holds each stage's
-# server logs and results), bench_results.json, capture_results.json, kernel_results.json,
+# server logs and results), bench_results.json, speedup_results.json, capture_results.json, kernel_results.json,
 # e2e_results.json (stage e2e), stage_results.tar.gz (every stage's *_results.json), jitcache.tar.xz
 # (copy into .device-bundle/ for next time; build intermediates left out; past JITCACHE_MAX_MB
 # without Triton's IR text), marlin_jit.tar.xz (the Marlin MoE JIT .so files, kept out of

@@ -9,7 +9,7 @@
 models) and then runs ``python3 test/run_suite.py $SUITE``; it packs the logs and caches after.
 
 A NAME is a suite of ``SUITES`` (``demo``, ``kernel``, ``selftest``, ``e2e``, ``mla``, ``reliability``,
-``profile``, ``accept_attn``, ``bench``, ``kbench``, ``capture``, ``shard``, ``shard_triton``, ``shard_marlin``,
+``profile``, ``accept_attn``, ``bench``, ``speedup``, ``kbench``, ``capture``, ``shard``, ``shard_triton``, ``shard_marlin``,
 ``shard_wrapped``, ``shard_bench``, ``shard_bench_lean``, ``all``), one stage of a suite (e.g. ``nan``,
 ``sanitizer``, ``accept``), ``wait`` (a barrier: wait for the stages running at once; the rest run
 one at a time) or ``-NAME`` (leave that suite's or stage's stages out: ``reliability -sanitizer``).
@@ -28,7 +28,7 @@ what they would run (``--dry-run``).
 
 Results: ``$GPUJOB_DIR/logs/<stage>.log`` per stage, ``logs/e2e/<stage>/`` (``E2E_LOG_DIR``) with
 its servers' logs and results JSON; lines appended to ``$GPUJOB_DIR/summary.txt``; into ``$OUT``:
-``bench_results.json``, ``kernel_results.json``, ``capture_results.json``, ``e2e_results.json``
+``bench_results.json``, ``speedup_results.json``, ``kernel_results.json``, ``capture_results.json``, ``e2e_results.json``
 (stage ``e2e``), ``stage_results.tar.gz`` (every stage's ``*_results.json``). Exit status 0 only
 when every stage ran and returned 0 (or had nothing to run); 2 for a bad name or setting.
 
@@ -98,7 +98,7 @@ class Stage:
     the command runs under compute-sanitizer; ``server``: the test servers do. ``needs_pair``:
     the constructed target/draft pair (``scripts/accept_pair.py``, real weights) is made first;
     ``needs_attn_pair``: its attention pair (``accept_pair.py --attention``).
-    ``report``: its benchmark lines for the summary (``bench``, ``capture``, ``kbench``) and
+    ``report``: its benchmark lines for the summary (``bench``, ``speedup``, ``capture``, ``kbench``) and
     ``results``: the JSON it writes in ``{work}``, copied into ``$OUT``. ``e2e_report``: its
     ``e2e_results.json`` lines (startup, parity, concurrency, counters) in the summary.
     ``est_s``: measured seconds on the H200 with a warm kernel cache, the stage alone unless
@@ -310,6 +310,14 @@ CAPTURE_ST = Stage(  # repeated engine starts: 316 s for 3 repeats x 2 modes on 
     "CAPTURE_TMO", 300, 320, kind="bench", extra=Arg("CAPTURE_ARGS"), alone=True, report="capture",
     results="capture_results.json")
 
+SPEEDUP_ST = Stage(  # est (not measured): bench_speedup.py's own ESTIMATE for its default grid (255 s: pair
+    # build 35 s, 3 engine starts of ~45 s, 54 points) + ~60 s for a cold kernel cache
+    "speedup", ("python3", "benchmark/bench_speedup.py", "--out", "{work}/speedup_results.json", "--md",
+                "{work}/speedup_table.md", "--log-dir", "{logs}/speedup", "--pair-dir", "{models}",
+                "--mode-timeout", Arg("SPEEDUP_MODE_TMO", "240")),
+    "SPEEDUP_TMO", 500, 320, kind="bench", extra=Arg("SPEEDUP_ARGS"), alone=True, report="speedup",
+    results="speedup_results.json")
+
 DEMO_ST = Stage(  # three server starts (~60-140 s each, the first compiles Triton on a cold cache) + ~10 s of requests each
     "demo", ("python3", "-m", "sglang_verify_graph.demo", "--workdir", "{work}/demo", "--out",
              "{work}/demo_results.json"),
@@ -436,6 +444,11 @@ SUITES: dict[str, Suite] = {
     "bench": Suite(
         "verify / decode GPU time per replay for ours, upstream and plain engines (bench_verify.py "
         "--quick unless BENCH_ARGS is set)", 120, (BENCH_ST,)),
+    "speedup": Suite(
+        "measured EAGLE-3 speed-up with set accept lengths (1.5-3.0 at num_steps 3) on the Llama-3.1-8B-"
+        "shape pair (scripts/accept_pair.py --shape llama8b, built first): plain / upstream / ours "
+        "tok/s at bs 1, 4, 16 x ctx 1k, 8k, and the advisor's prediction against it (SPEEDUP_ARGS)",
+        320, (SPEEDUP_ST,)),
     "kbench": Suite(
         "one verify layer's attention op: decode / upstream / ours in CUDA-graph replays (KBENCH_ARGS)",
         110, (KBENCH_ST,)),
@@ -484,7 +497,8 @@ def _suite_stages(name: str, environ: Mapping[str, str]) -> list[Stage]:
     return out
 
 
-_ALL = ("demo", "kernel", "selftest", "mla", "reliability", "accept_attn", "e2e", "profile", "kbench", "bench")
+_ALL = ("demo", "kernel", "selftest", "mla", "reliability", "accept_attn", "e2e", "profile", "kbench", "bench",
+        "speedup")
 SUITES["all"] = Suite(  # one stage at a time: the sum of the stages' estimates
     "every suite above, one stage at a time, except capture (repeated engine starts: run it alone) "
     "and the shard suites (72 GiB models, their own calls); raise TOTAL_S",
@@ -844,10 +858,11 @@ class Runner:
             with self.lock, open(self.summary, "a") as f:
                 f.writelines(ln + "\n" for ln in ls)
 
-        if report == "bench":  # mode status lines; one step count's grid with its mode, capture and meta lines
-            for ln in [ln for ln in lines if ln.startswith("BENCH mode ")]:
+        if report in ("bench", "speedup"):  # mode status lines; the result tables with mode and meta lines
+            for ln in [ln for ln in lines if ln.startswith(("BENCH mode ", "ESTIMATE "))]:
                 self.say(ln[:300])
-            to_summary([ln[:400] for ln in lines if ln.startswith("RESULT ")][-90:])
+            keep = 90 if report == "bench" else 200  # speedup: its speed-up and advisor tables whole
+            to_summary([ln[:400] for ln in lines if ln.startswith("RESULT ")][-keep:])
         elif report == "capture":  # one line per engine as it finished (kept if the stage timed out)
             for ln in [ln for ln in lines if ln.startswith("CAPTURE run ")]:
                 self.say(ln[:300])

@@ -34,6 +34,7 @@ WANT_FILES = {
     "profile": {"test/e2e/test_profile_e2e.py"},
     "accept_attn": {"test/e2e/test_accept_attention_e2e.py", "test/gpu/test_runner_selftest.py"},
     "bench": {"benchmark/bench_verify.py"},
+    "speedup": {"benchmark/bench_speedup.py"},
     "kbench": {"benchmark/bench_chain_kernel.py"},
     "capture": {"benchmark/bench_capture.py"},
     "shard_triton": {"test/run_suite.py", "test/e2e/test_server_e2e.py"},
