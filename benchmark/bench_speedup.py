@@ -40,6 +40,7 @@ grid (3 engines x 2 contexts x 3 batch sizes x 4 classes) is about 5 minutes on 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -79,6 +80,10 @@ class FlagError(ValueError):
     """A bad flag value: the message is the one line to print (it names the flag)."""
 
 
+class PairBuildError(RuntimeError):
+    """``accept_pair.py --shape llama8b`` failed: the message holds its last output."""
+
+
 # ----------------------------------------------------------------- the pair
 def pair_paths(pair_dir: str) -> tuple:
     """``(target_dir, draft_dir)`` of the attention pair under ``pair_dir``."""
@@ -87,14 +92,24 @@ def pair_paths(pair_dir: str) -> tuple:
 
 
 def pair_ready(pair_dir: str) -> bool:
-    """Both folders hold config.json, pair_maps.json and their weights."""
-    return all(os.path.isfile(os.path.join(d, f)) for d in pair_paths(pair_dir)
-               for f in ("config.json", "pair_maps.json", WEIGHTS))
+    """Both folders hold config.json and their weights, and pair_maps.json is the default
+    build's (the llama8b shape, :data:`accept_pair.AGREE_LLAMA8B`, seed 0): a pair left by an
+    older build is built again."""
+    if not all(os.path.isfile(os.path.join(d, f)) for d in pair_paths(pair_dir)
+               for f in ("config.json", "pair_maps.json", WEIGHTS)):
+        return False
+    try:
+        maps = load_maps(pair_dir)
+    except (OSError, ValueError):
+        return False
+    want = json.loads(json.dumps(dataclasses.asdict(accept_pair.LLAMA8B)))
+    return (maps.get("agree") == list(accept_pair.AGREE_LLAMA8B) and maps.get("seed") == 0
+            and maps.get("shape") == want and maps.get("attention") is True)
 
 
 def ensure_pair(pair_dir: str, log) -> float:
     """Build the pair under ``pair_dir`` unless :func:`pair_ready`; returns the seconds spent (0.0
-    when it was there). Raises RuntimeError with the builder's last lines when it fails."""
+    when it was there). Raises PairBuildError with the builder's last lines when it fails."""
     if pair_ready(pair_dir):
         return 0.0
     t0 = time.time()
@@ -104,7 +119,7 @@ def ensure_pair(pair_dir: str, log) -> float:
     log(f"BENCH pair: {shlex.join(cmd)} rc={r.returncode} in {time.time() - t0:.1f}s: "
         + " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:]))
     if r.returncode or not pair_ready(pair_dir):
-        raise RuntimeError("accept_pair.py --shape llama8b failed: " + (r.stdout + r.stderr).strip()[-600:])
+        raise PairBuildError("accept_pair.py --shape llama8b failed: " + (r.stdout + r.stderr).strip()[-600:])
     return round(time.time() - t0, 1)
 
 
@@ -277,12 +292,18 @@ def report(a, modes: dict, meta: dict) -> dict:
             "output_checks": speedup_report.check_outputs(modes)}
 
 
-def result_lines(rep: dict, meta: dict) -> list:
-    lines = ["RESULT " + ln for ln in rep["table_md"].splitlines() if ln.strip()]
-    lines += [f"RESULT mode {m}: {st}" for m, st in meta["mode_status"].items()]
-    lines += [f"RESULT advisor gap > 10%: {g}" for g in rep["gaps"]]
-    lines += [f"RESULT check FAILED: {c}" for c in rep["output_checks"]] or [
+def result_lines(rep: dict, meta: dict, max_list: int = 10) -> list:
+    """The ``RESULT`` lines: mode status, the output check, advisor gaps over 10% (at most
+    ``max_list`` of each, the rest counted), both tables, then the run's meta lines."""
+    def capped(prefix, items):
+        out = [f"RESULT {prefix}: {x}" for x in items[:max_list]]
+        return out + ([f"RESULT {prefix}: ... {len(items) - max_list} more in the JSON"] if len(items) > max_list else [])
+
+    lines = [f"RESULT mode {m}: {st}" for m, st in meta["mode_status"].items()]
+    lines += capped("check FAILED", rep["output_checks"]) or [
         "RESULT check: every output and verify count as predicted"]
+    lines += capped("advisor gap > 10%", rep["gaps"])
+    lines += ["RESULT " + ln for ln in rep["table_md"].splitlines() if ln.strip()]
     lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),
               f"RESULT flags: {meta['flags']}", f"RESULT command: {meta['command']}"]
     return lines
@@ -479,6 +500,9 @@ def main(argv=None) -> int:
     except FlagError as ex:
         print(f"bench_speedup.py: error: {ex}", file=sys.stderr)
         return 2
+    except PairBuildError as ex:
+        print(f"bench_speedup.py: {ex}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -735,7 +735,7 @@ def speedup_prompts(maps: dict, context: int, bs: int, cls: int, vocab: int = VO
     out = []
     for i in range(bs):
         rng = random.Random(1000003 * context + i)
-        out.append([BOS] + [rng.randrange(SPECIAL, vocab) for _ in range(context - 2)] + [last])
+        out.append([BOS] + rng.choices(range(SPECIAL, vocab), k=context - 2) + [last])
     return out
 
 

@@ -187,9 +187,21 @@ def pair_dir(tmp_path):
     for name, cfg in ((bs.PAIR, tcfg), (bs.PAIR + "-eagle3", dcfg)):
         d = mm.write_model(str(tmp_path), name, cfg)
         with open(os.path.join(d, "pair_maps.json"), "w") as f:
-            json.dump(dict(maps, shape=dataclasses.asdict(ap.LLAMA8B)), f)
+            json.dump(dict(maps, shape=dataclasses.asdict(ap.LLAMA8B), agree=list(ap.AGREE_LLAMA8B), seed=0,
+                           attention=True), f)
         open(os.path.join(d, bs.WEIGHTS), "wb").close()
     return str(tmp_path)
+
+
+def test_a_pair_from_another_build_is_built_again(pair_dir):
+    assert bs.pair_ready(pair_dir)
+    path = os.path.join(pair_dir, bs.PAIR, "pair_maps.json")
+    maps = json.load(open(path))
+    json.dump(dict(maps, agree=[0.5, 0.6, 0.7, 0.8]), open(path, "w"))
+    assert not bs.pair_ready(pair_dir)
+    json.dump(maps, open(path, "w"))
+    os.remove(os.path.join(pair_dir, bs.PAIR + "-eagle3", bs.WEIGHTS))
+    assert not bs.pair_ready(pair_dir)
 
 
 def test_engine_kwargs_load_the_pair_with_speculation_as_asked(pair_dir):
@@ -319,6 +331,7 @@ def test_parent_runs_every_mode_and_writes_rows_advisor_and_tables(fake_engine, 
         with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
             return bs.main(cmd[2:])
 
+    assert bs.pair_ready(fake_engine)  # nothing is built here
     monkeypatch.setattr(bs.bench_verify, "run_logged", run_logged)
     monkeypatch.setattr(bs.bench_verify, "_hardware", lambda: "test")
     old = signal.getsignal(signal.SIGTERM)

@@ -350,3 +350,18 @@ def test_the_marlin_jit_modules_travel_in_their_own_file(tmp_path, gpu_job_dry):
     with tarfile.open(out / "jitcache.tar.xz") as t:
         names = t.getnames()
     assert "jitcache/other/x.so" in names and not [n for n in names if "marlin" in n or n.endswith(".o")]
+
+
+def test_speedup_suite_dry_run_plans_three_engines_and_builds_no_pair(tmp_path, gpu_job_dry):
+    """``SUITE=speedup`` under ``DRY_RUN=1``: bench_speedup.py --dry-run prints its plan, its
+    estimate (into the summary) and the three engines' kwargs on the pair's folders under
+    ``$MODELS``, and writes no pair weights there."""
+    p, summary = gpu_job_dry(timeout=300, SUITE="speedup")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "stages: speedup=0" in summary and "ESTIMATE ~" in summary
+    log = (tmp_path / "gpujob" / "logs" / "speedup.log").read_text()
+    assert "BENCH plan: plain: 6 points; upstream: 24 points; ours: 24 points" in log
+    kws = [ln for ln in log.splitlines() if ln.startswith("DRYRUN ") and "{" in ln]
+    assert [ln.split(":")[0] for ln in kws] == ["DRYRUN plain", "DRYRUN upstream", "DRYRUN ours"]
+    assert all('"load_format": "auto"' in ln and str(tmp_path / "models" / "llama8b-pair-attn") in ln for ln in kws)
+    assert not list((tmp_path / "models").glob("llama8b-pair*"))
