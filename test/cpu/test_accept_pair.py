@@ -458,19 +458,27 @@ def test_default_agreements_give_accept_lengths_1_5_to_3_at_num_steps_3():
 
 def test_scaled_8b_pair_greedy_is_g_up_to_8k_with_llama3_rope():
     """bf16 reference forward of the scaled shape over 8448 positions (an 8k prompt and its
-    generated tokens): greedy g(t) everywhere by > 15 logits, the greedy logit positive and every
-    padded vocabulary row's logit exactly 0 (so a padded row can never win)."""
+    generated tokens): the self head attends to the token itself at every position, greedy g(t)
+    everywhere by > 15 logits, the greedy logit positive and every padded vocabulary row's logit
+    exactly 0 (so a padded row can never win)."""
     maps = ap.make_class_maps(ap.VOCAB, ap.AGREE_LLAMA8B, 0)
     maps["code"] = ap.make_codes(ap.VOCAB, 0)
     target, _ = ap.build_shape_weights(maps, SCALED, 0, attention=True)
     assert target["lm_head.weight"].shape == (SCALED.vocab_size, SCALED.hidden)
     rng = random.Random(3)
     ids = [ap.BOS] + [rng.randrange(ap.SPECIAL, ap.VOCAB) for _ in range(8447)]
-    logits, _ = _ref(target, ids, SCALED)
+    logits, entering = _ref(target, ids, SCALED)
     assert logits[1:].argmax(-1).tolist() == [maps["g"][t] for t in ids[1:]]
+    # the self head's features are h(t) of the token itself: its attention is on that token
+    dims = ap.feature_dims(ap.VOCAB)
+    h = torch.tensor([ap.code_bits(maps["code"][t])[0] for t in ids])
+    feat = entering[1][:, dims["self"]]
+    worst = float((feat * h).min())
+    assert worst > 0.95, worst
     top2 = logits[1:].float().topk(2, dim=-1).values
     margin, low = float((top2[:, 0] - top2[:, 1]).min()), float(top2[:, 0].min())
-    print(f"scaled 8b pair: greedy == g(t) at 1..8447, margin {margin:.1f}, greedy logit >= {low:.1f}")
+    print(f"scaled 8b pair: greedy == g(t) at 1..8447, margin {margin:.1f}, greedy logit >= {low:.1f}, "
+          f"self-head feature >= {worst:.3f}")
     assert margin > 15.0 and low > 15.0
     assert not logits[:, ap.VOCAB:].any()
 
