@@ -63,8 +63,9 @@ import speedup_report  # noqa: E402
 MODES = ("plain", "upstream", "ours")
 PAIR = accept_pair.LLAMA8B.folder(True)  # llama8b-pair-attn (+ -eagle3)
 WEIGHTS = "pytorch_model.bin"
-# GPU ms per replay used by the estimate: section 1 of docs/benchmarks.md (Llama-3.1-8B shape,
-# H200, num_steps 2-3); decode at 1k / 8k context, bs 1; verify / decode by bs at 1k and 8k.
+# The estimate's constants (H200): seconds per engine start (import, 3.2 GiB read, 16 GiB to the
+# GPU, graph capture: bench_verify's llama-8b starts took 25-37 s with dummy weights), seconds to
+# build the pair, host seconds per point, prefill tokens per second; per-step GPU ms: cycle_ms.
 START_S, BUILD_S, POINT_OVERHEAD_S, PREFILL_TOK_S = 45.0, 35.0, 0.3, 40000.0
 
 if __name__ == "__mp_main__" and os.environ.get(bench_verify.PROBE_ENV) == "1":  # scheduler process (spawn)
