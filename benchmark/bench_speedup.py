@@ -485,18 +485,7 @@ def main(argv=None) -> int:
         if a.dry_run:
             return dry_run(a)
         if a.child:
-            res = {"mode": a.child, "ok": False, "phases": []}
-            try:
-                run_child(a, res)
-            except BaseException as ex:
-                import traceback
-
-                res["error"] = f"{type(ex).__name__}: {str(ex)[:400]}"
-                traceback.print_exc()
-            finally:
-                with open(a.child_out, "w") as f:
-                    json.dump(res, f, indent=1, default=sorted)
-            return 0 if res.get("ok") else 1
+            return bench_verify.child_main(a, run_child, json_default=sorted)
         return run_parent(a)
     except FlagError as ex:
         print(f"bench_speedup.py: error: {ex}", file=sys.stderr)

@@ -682,6 +682,25 @@ def parse_args(argv=None):
     return a
 
 
+def child_main(a, run, json_default=None) -> int:
+    """One mode's engine subprocess: ``run(a, res)`` fills ``res`` (``{"mode", "ok", "phases"}``
+    to start); ``res`` is written to ``a.child_out`` (JSON, ``json_default`` for what json cannot
+    encode) whatever happens, an exception's type and message in ``res["error"]`` (its traceback
+    on stderr). Returns 0 when ``res["ok"]``, else 1."""
+    res = {"mode": a.child, "ok": False, "phases": []}
+    try:
+        run(a, res)
+    except BaseException as ex:
+        import traceback
+
+        res["error"] = f"{type(ex).__name__}: {str(ex)[:400]}"
+        traceback.print_exc()
+    finally:
+        with open(a.child_out, "w") as f:
+            json.dump(res, f, indent=1, default=json_default)
+    return 0 if res.get("ok") else 1
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.merge:
@@ -696,18 +715,7 @@ def main(argv=None) -> int:
             print("DRYRUN plain_end: " + json.dumps(engine_kwargs(a, "plain")))
         return 0
     if a.child:
-        res = {"mode": a.child, "ok": False, "phases": []}
-        try:
-            run_child(a, res)
-        except BaseException as ex:
-            import traceback
-
-            res["error"] = f"{type(ex).__name__}: {str(ex)[:400]}"
-            traceback.print_exc()
-        finally:
-            with open(a.child_out, "w") as f:
-                json.dump(res, f, indent=1)
-        return 0 if res.get("ok") else 1
+        return child_main(a, run_child)
     return run_parent(a)
 
 
