@@ -289,8 +289,10 @@ def report(a, modes: dict, meta: dict) -> dict:
           "tok/s; accept = SGLang's completion tokens / verify steps.\n\n" + speedup_report.speedup_table(rows)
           + "\n\nAdvisor (GPU ms per replay, decode accept length) vs measured speed-up over plain:\n\n"
           + speedup_report.advisor_table(adv) + "\n")
+    refused = [f"ctx={x['context']} bs={x['bs']} class={x['cls']} {x['mode']}: {x['advisor_error']}"
+               for x in adv if x.get("advisor_error")]
     return {"rows": rows, "advisor": adv, "table_md": md, "gaps": speedup_report.big_gaps(adv),
-            "output_checks": speedup_report.check_outputs(modes)}
+            "advisor_errors": refused, "output_checks": speedup_report.check_outputs(modes)}
 
 
 def result_lines(rep: dict, meta: dict, max_list: int = 10) -> list:
@@ -304,10 +306,22 @@ def result_lines(rep: dict, meta: dict, max_list: int = 10) -> list:
     lines += capped("check FAILED", rep["output_checks"]) or [
         "RESULT check: every output and verify count as predicted"]
     lines += capped("advisor gap > 10%", rep["gaps"])
+    lines += capped("advisor refused", rep.get("advisor_errors", []))
     lines += ["RESULT " + ln for ln in rep["table_md"].splitlines() if ln.strip()]
     lines += [f"RESULT hardware: {meta['hardware']}", "RESULT versions: " + json.dumps(meta["versions"]),
               f"RESULT flags: {meta['flags']}", f"RESULT command: {meta['command']}"]
     return lines
+
+
+def _read_child(path: str, mode: str) -> dict:
+    """A child's result file, or ``{"mode": mode, "ok": False}`` when it is missing or cut short
+    (a child killed while writing it): the parent then keeps what the child's log holds."""
+    try:
+        with open(path) as f:
+            res = json.load(f)
+        return res if isinstance(res, dict) else {"mode": mode, "ok": False}
+    except (OSError, ValueError):
+        return {"mode": mode, "ok": False}
 
 
 def run_parent(a) -> int:
@@ -362,7 +376,7 @@ def run_parent(a) -> int:
         cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--child", mode, "--child-out", jf]
         t0 = time.time()
         rc = bench_verify.run_logged(cmd, log, a.mode_timeout, child)
-        res = json.load(open(jf)) if os.path.exists(jf) else {"mode": mode, "ok": False}
+        res = _read_child(jf, mode)
         if not res.get("phases"):  # killed (timeout, OOM): keep the points it finished
             res.update(bench_verify.phases_from_log(log))
         res.setdefault("mode", mode)
@@ -446,7 +460,14 @@ def parse_args(argv=None):
             raise ValueError
     except ValueError:
         ap.error(f"--engine-extra {a.engine_extra!r}: want a JSON object")
+    if not a.mode_timeout > 0:
+        ap.error(f"--mode-timeout {a.mode_timeout}: want seconds > 0")
     a.contexts, a.batch_sizes = sorted(set(a.contexts)), sorted(set(a.batch_sizes))
+    need = max(a.contexts) + a.new_tokens + a.warmup_tokens + 2 * (a.steps + 1) + 64  # bench_verify.engine_kwargs'
+    if need > accept_pair.LLAMA8B.max_position:
+        ap.error(f"--contexts {max(a.contexts)}: with --new-tokens {a.new_tokens} the requests need {need} positions "
+                 f"(context + new + warm-up tokens + 2 x (steps + 1) + 64); the pair has "
+                 f"{accept_pair.LLAMA8B.max_position}")
     if a.classes is not None:
         a.classes = list(dict.fromkeys(a.classes))
     return a

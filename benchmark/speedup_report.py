@@ -137,7 +137,9 @@ def advisor_rows(rows: list, num_steps: int) -> list:
     ``draft_ms``, ``draft_extend_ms``, ``cycle_ms``: GPU ms; ``accept_length``: the decode
     accept length), ``predicted``, ``measured`` (decode server tok/s over plain's), ``gap_pct``,
     and ``plain_wall_per_gpu`` / ``wall_per_gpu`` (wall ms per step or cycle over GPU ms). A point
-    missing an input gets ``predicted`` None and ``missing`` naming it."""
+    missing an input gets ``predicted`` None and ``missing`` naming it; one whose inputs the
+    advisor refuses (e.g. an accept length outside [1, num_steps + 1]) gets ``predicted`` None
+    and ``advisor_error`` (its message), so one odd point cannot stop the run's report."""
     out = []
     for r in rows:
         plain = r.get("plain") or {}
@@ -155,10 +157,14 @@ def advisor_rows(rows: list, num_steps: int) -> list:
             if missing:
                 a.update(predicted=None, gap_pct=None, missing=missing)
             else:
-                pred = advisor_prediction(a["decode_ms"], a["verify_ms"], a["draft_ms"], a["draft_extend_ms"],
-                                          a["accept_length"], num_steps)
-                a["predicted"] = round(pred, 3)
-                a["gap_pct"] = round(100 * (pred / a["measured"] - 1), 1) if a["measured"] else None
+                try:
+                    pred = advisor_prediction(a["decode_ms"], a["verify_ms"], a["draft_ms"], a["draft_extend_ms"],
+                                              a["accept_length"], num_steps)
+                except ValueError as ex:  # advisor.AdvisorError: a measured input it refuses
+                    pred = None
+                    a["advisor_error"] = str(ex)
+                a["predicted"] = round(pred, 3) if pred is not None else None
+                a["gap_pct"] = round(100 * (pred / a["measured"] - 1), 1) if pred is not None and a["measured"] else None
             a["plain_wall_per_gpu"] = _div(plain.get("step_wall_ms"), plain.get("target_decode_ms"))
             a["wall_per_gpu"] = _div(met.get("step_wall_ms"), met.get("cycle_ms"))
             out.append(a)

@@ -87,6 +87,25 @@ def test_advisor_rows_are_the_advisors_model_and_name_the_gap():
     assert missing[0]["predicted"] is None and missing[0]["missing"] == ["decode_ms"]
 
 
+def test_an_input_the_advisor_refuses_is_reported_not_raised():
+    """128 decode tokens in 20 verify steps (6.4 per cycle at num_steps 3): the advisor refuses the
+    accept length; the row says why, the others keep their prediction, and the run's report and
+    RESULT lines (written after every mode) are still made."""
+    odd = dict(OURS, cls=1, spec_verify_ct=[20] * 4)
+    modes = {"plain": {"phases": [PLAIN]}, "ours": {"phases": [OURS, odd]}}
+    adv = sr.advisor_rows(sr.build_rows(modes), 3)
+    assert [a["cls"] for a in adv] == [0, 1]
+    assert adv[0]["predicted"] == round(2.0 * 5.0 / 5.5, 3) and "advisor_error" not in adv[0]
+    assert adv[1]["predicted"] is None and adv[1]["gap_pct"] is None
+    assert "accept_length 6.4 must be in [1, num_steps + 1 = 4]" in adv[1]["advisor_error"]
+    a = bs.parse_args([])
+    rep = bs.report(a, modes, {})
+    assert rep["advisor_errors"] == ["ctx=1024 bs=4 class=1 ours: " + adv[1]["advisor_error"]]
+    meta = {"mode_status": {"ours": "ok"}, "hardware": "test", "versions": {}, "flags": "", "command": ""}
+    assert "RESULT advisor refused: " + rep["advisor_errors"][0] in bs.result_lines(rep, meta)
+    assert "| 1024 | 4 | 0.55 | ours | 5.000 |" in rep["table_md"]
+
+
 def test_the_prediction_comes_from_sglang_verify_graph_advisor(monkeypatch):
     from sglang_verify_graph import advisor
 
@@ -144,6 +163,9 @@ def _run_main(argv):
     (["--engine-extra", "[1]"], "--engine-extra '[1]': want a JSON object"),
     (["--mem", "1.5"], "--mem 1.5: want a fraction in (0, 1)"),
     (["--classes", "0,7", "--dry-run"], "--classes 0,7: the pair has classes 0-3 (0: agree 0.36"),
+    (["--mode-timeout", "-5"], "--mode-timeout -5.0: want seconds > 0"),
+    (["--contexts", "1024,131000"], "--contexts 131000: with --new-tokens 128 the requests need 131204 positions"),
+    (["--new-tokens", "131000"], "--contexts 8192: with --new-tokens 131000 the requests need 139268 positions"),
 ])
 def test_bad_flag_is_one_line_naming_it(tmp_path, argv, fragment):
     rc, out, err = _run_main(argv + ["--pair-dir", str(tmp_path)])
@@ -221,6 +243,17 @@ def test_engine_kwargs_load_the_pair_with_speculation_as_asked(pair_dir):
     assert bs.engine_kwargs(a, "ours")["load_format"] == "dummy"
 
 
+def test_a_child_result_cut_short_is_a_failed_mode(tmp_path):
+    """A child killed while writing its JSON: the parent reads it as a failed mode (then keeps
+    the points of the child's log) instead of stopping the run with a traceback."""
+    jf = tmp_path / "bench_ours.json"
+    jf.write_text('{"mode": "ours", "ok": true, "phases": [{"context": 10')
+    assert bs._read_child(str(jf), "ours") == {"mode": "ours", "ok": False}
+    assert bs._read_child(str(tmp_path / "none.json"), "plain") == {"mode": "plain", "ok": False}
+    jf.write_text('{"mode": "ours", "ok": true, "phases": []}')
+    assert bs._read_child(str(jf), "ours")["ok"] is True
+
+
 def test_dry_run_builds_nothing_and_prints_each_engine(tmp_path):
     pytest.importorskip("tokenizers")
     rc, out, err = _run_main(["--dry-run", "--pair-dir", str(tmp_path)])
@@ -249,11 +282,15 @@ class FakeEngine:
         self.ours = os.environ.get("SGLANG_ENABLE_VERIFY_CUDA_GRAPH") == "1"
         self.steps = kw.get("speculative_num_steps")
         self.probe, self.verify_steps = {}, 0
+        self.calls = []  # (max_new_tokens, prompts) per generate
         FakeEngine.made.append(self)
 
     def generate(self, input_ids, sampling_params):
         n = sampling_params["max_new_tokens"]
         assert sampling_params["temperature"] == 0.0 and sampling_params["ignore_eos"]
+        vocab = self.maps["shape"]["vocab"]  # the construction's ids: BOS, then ids in [3, vocab)
+        assert all(ids[0] == ap.BOS and all(ap.SPECIAL <= t < vocab for t in ids[1:]) for ids in input_ids)
+        self.calls.append((n, input_ids))
         out = []
         bsz = len(input_ids)
         for ids in input_ids:
@@ -318,9 +355,16 @@ def test_child_measures_each_point_with_sglangs_counts(fake_engine, tmp_path):
         assert p["histogram"] == [ap.accepted_histogram(want["accepted"])] == [p["predicted_histogram"]]
         assert p["roles"]["target_verify"]["gpu_ms"] == 4.5
         assert p["roles"]["target_verify"]["classes"] == ["VerifyCudaGraphRunner"]
+        # the probe drained after the warm-up: the replays of the 1-token and the timed run only
+        assert p["roles"]["target_verify"]["n"] == len(want["accepted"])
         assert p["tn_s"] >= 0 and p["t1_s"] >= 0 and p["agree"] == maps["classes"][p["cls"]]["agree"]
     assert abs(res["phases"][0]["predicted_accept_length"] - 2.0) <= 0.15
     assert stdout.count("BENCH phase ") == 4
+    # per point: the warm-up, then the 1-token and the timed generation of the same prompts
+    calls = eng.calls
+    assert [c[0] for c in calls] == [4, 1, 128] * 4
+    assert all(calls[i][1] == calls[i + 1][1] == calls[i + 2][1] for i in range(0, 12, 3))
+    assert [len(calls[i][1]) for i in range(0, 12, 3)] == [1, 2, 1, 2]
 
 
 def test_parent_runs_every_mode_and_writes_rows_advisor_and_tables(fake_engine, tmp_path, monkeypatch):
