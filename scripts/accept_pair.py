@@ -877,6 +877,10 @@ def write_shape_pair(out: str, shape: PairShape = LLAMA8B, agrees=AGREE_LLAMA8B,
     tw, dw = build_shape_weights(maps, shape, seed, attention)
     dirs = []
     base = shape.folder(attention)
+    for name in (base, base + "-eagle3"):  # a build cut short leaves no pair_maps.json: not "ready"
+        stale = os.path.join(out, name, "pair_maps.json")
+        if os.path.exists(stale):
+            os.remove(stale)
     for name, cfg, weights in ((base, tcfg, tw), (base + "-eagle3", dcfg, dw)):
         d = mm.write_model(out, name, cfg)
         for old in ("model.safetensors", "pytorch_model.bin"):
@@ -942,6 +946,10 @@ def main(argv=None) -> int:
         return 0
     shape = SHAPES[a.shape]
     agrees = a.agree or list(AGREE_LLAMA8B)
+    try:
+        make_class_maps(shape.vocab, agrees, a.seed)
+    except ValueError as ex:
+        ap.error(f"--agree: {len(agrees)} agreement classes: {ex}")
     targets = list(ACCEPT_TARGETS) if a.agree is None and shape is LLAMA8B else None
     if a.dry_run:
         print(f"DRYRUN {os.path.join(a.out, shape.folder(a.attention))} and -eagle3: {shape}; "

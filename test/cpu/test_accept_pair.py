@@ -528,6 +528,26 @@ def test_shared_storages_are_written_once_and_every_layer_is_full_size(tmp_path)
     assert maps["shape"]["vocab_size"] == SCALED.vocab_size and maps["attention"]
 
 
+def test_a_build_cut_short_leaves_no_pair_maps(tmp_path, monkeypatch):
+    """A rebuild that dies while writing the draft's weights leaves that folder without
+    pair_maps.json (bench_speedup.pair_ready needs both), not the old build's beside a cut file."""
+    ap.write_shape_pair(str(tmp_path), SCALED, ap.AGREE_LLAMA8B, 0, True)
+    maps_of = lambda sfx: tmp_path / (SCALED.folder(True) + sfx) / "pair_maps.json"  # noqa: E731
+    assert maps_of("").exists() and maps_of("-eagle3").exists()
+    real = torch.save
+
+    def dies_on_the_draft(obj, path, *a, **k):
+        if "-eagle3" in str(path):
+            open(path, "wb").write(b"cut")
+            raise KeyboardInterrupt
+        return real(obj, path, *a, **k)
+
+    monkeypatch.setattr(torch, "save", dies_on_the_draft)
+    with pytest.raises(KeyboardInterrupt):
+        ap.write_shape_pair(str(tmp_path), SCALED, ap.AGREE_LLAMA8B, 0, True)
+    assert maps_of("").exists() and not maps_of("-eagle3").exists()
+
+
 _SGLANG_LOAD = r'''
 import dataclasses, json, sys
 import torch
@@ -625,7 +645,9 @@ def test_cli_shape_dry_run_and_agreement_errors(tmp_path):
     assert r.returncode == 0 and "llama8b-pair-attn" in r.stdout and "3.2 GiB" in r.stdout, r.stderr
     assert not list(tmp_path.iterdir())
     for bad, fragment in ((["--agree", "0.3,0.5"], "--agree 0.3,0.5: several agreement classes need --shape"),
-                          (["--shape", "llama8b", "--agree", "0.3,1.5"], "argument --agree: 0.3,1.5: want shares")):
+                          (["--shape", "llama8b", "--agree", "0.3,1.5"], "argument --agree: 0.3,1.5: want shares"),
+                          (["--shape", "llama8b", "--agree", ",".join(["0.5"] * 300), "--dry-run"],
+                           "--agree: 300 agreement classes: class 0 has 1 ids")):
         r = subprocess.run([sys.executable, script, str(tmp_path), *bad], capture_output=True,
                            text=True, timeout=60, env=env)
         assert r.returncode == 2 and fragment in r.stderr.strip().splitlines()[-1], r.stderr
