@@ -2,7 +2,7 @@
 """Measured EAGLE-3 speed-up at the Llama-3.1-8B shape with set accept lengths: plain / upstream / ours.
 
     python3 benchmark/bench_speedup.py [--pair-dir /tmp/models] [--modes plain,upstream,ours]
-        [--contexts 1024,8192] [--batch-sizes 1,4,16] [--classes 0,1,2,3] [--new-tokens 128]
+        [--contexts 1024,8192] [--batch-sizes 1,4,16] [--classes 0,1,2,3] [--new-tokens 128] [--repeats 3]
         [--out speedup_results.json] [--md speedup_table.md] [--dry-run]
 
 The model is the attention pair of ``scripts/accept_pair.py --shape llama8b --attention`` (built
@@ -21,7 +21,8 @@ in its own subprocess (``bench_verify.run_logged``), ``sglang.Engine`` with the 
 Per point (context, bs, agreement class; plain once per (context, bs), its speed does not depend
 on acceptance): ``bs`` prompts of ``context`` tokens (``accept_pair.speedup_prompts``: shared
 by every batch size and class, so each is prefilled once per engine), a warm-up request, then a
-1-token and a ``--new-tokens`` generation, timed on the host; SGLang's ``meta_info``
+1-token and a ``--new-tokens`` generation, timed on the host, ``--repeats`` times (default 3;
+``t1_s`` / ``tn_s`` are the medians, every run in ``t1_runs_s`` / ``tn_runs_s``); SGLang's ``meta_info``
 (``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``, the accepted-draft
 histogram) gives the measured accept length beside each speed; the outputs and verify steps are
 checked against ``accept_pair.simulate``. ``verify_probe`` (CUDA events around every graph
@@ -35,7 +36,8 @@ every verify step replayed our graph; 1 otherwise; 2 for a bad flag (one line na
 Time (printed before the run, ``ESTIMATE``): the pair's build (~15-35 s, skipped when present),
 per engine ~45 s to start (import, 3.2 GiB read, 16 GiB to the GPU, graph capture) and each
 point's generation from the per-replay costs of ``docs/benchmarks.md`` section 1. The default
-grid (3 engines x 2 contexts x 3 batch sizes x 4 classes) is about 5 minutes on one H200.
+grid (3 engines x 2 contexts x 3 batch sizes x 4 classes, 3 repeats per point) is about 6
+minutes on one H200; ``--repeats 1`` about 4.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -208,12 +211,15 @@ def run_child(a, res: dict) -> None:
             prompts = accept_pair.speedup_prompts(maps, ctx, bs, cls, maps["shape"]["vocab"])
             eng.generate(input_ids=prompts, sampling_params=sp(a.warmup_tokens))
             bench_verify._state(eng)  # drains the probe
-            t = time.perf_counter()
-            eng.generate(input_ids=prompts, sampling_params=sp(1))
-            t1 = time.perf_counter() - t
-            t = time.perf_counter()
-            outs = eng.generate(input_ids=prompts, sampling_params=sp(a.new_tokens))
-            tn = time.perf_counter() - t
+            t1_runs, tn_runs = [], []
+            for _ in range(a.repeats):
+                t = time.perf_counter()
+                eng.generate(input_ids=prompts, sampling_params=sp(1))
+                t1_runs.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                outs = eng.generate(input_ids=prompts, sampling_params=sp(a.new_tokens))
+                tn_runs.append(time.perf_counter() - t)
+            t1, tn = statistics.median(t1_runs), statistics.median(tn_runs)
             st = bench_verify._state(eng)
             outs = outs if isinstance(outs, list) else [outs]
             metas = [o["meta_info"] for o in outs]
@@ -221,6 +227,7 @@ def run_child(a, res: dict) -> None:
                   "target_accept_length": c.get("target_accept_length"),
                   "predicted_accept_length": round(accept_pair.sglang_accept_length(sim), 4),
                   "predicted_verify_ct": len(sim["accepted"]), "t1_s": round(t1, 4), "tn_s": round(tn, 4),
+                  "t1_runs_s": [round(x, 4) for x in t1_runs], "tn_runs_s": [round(x, 4) for x in tn_runs],
                   "completion_tokens": [m.get("completion_tokens") for m in metas],
                   "spec_verify_ct": [m.get("spec_verify_ct") for m in metas],
                   "spec_accept_length": [m.get("spec_accept_length") for m in metas],
@@ -262,7 +269,7 @@ def estimate_s(a, maps: dict, build: bool) -> dict:
         seen_prefill = set()
         for ctx, cls, bs in pts:
             acc = 1.0 if mode == "plain" else (maps["classes"][cls].get("target_accept_length") or 2.0)
-            steps = (a.warmup_tokens + 1 + a.new_tokens) / acc
+            steps = (a.warmup_tokens + a.repeats * (1 + a.new_tokens)) / acc
             new = [i for i in range(bs) if (ctx, i) not in seen_prefill]
             seen_prefill.update((ctx, i) for i in new)
             points += 1.1 * steps * cycle_ms(mode, ctx, bs) / 1000 + POINT_OVERHEAD_S + len(new) * ctx / PREFILL_TOK_S
@@ -435,6 +442,8 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=at_least(2), default=accept_pair.SPEEDUP_NEW_TOKENS,
                     help="generated tokens per measured request (the classes are calibrated at 128)")
     ap.add_argument("--warmup-tokens", type=at_least(1), default=4)
+    ap.add_argument("--repeats", type=at_least(1), default=3,
+                    help="timed (1-token, --new-tokens) generation pairs per point; their medians count")
     ap.add_argument("--steps", type=at_least(1), default=accept_pair.NUM_STEPS,
                     help="EAGLE-3 draft steps S (S + 1 draft tokens)")
     ap.add_argument("--mem", type=float, default=0.75, help="mem_fraction_static")
