@@ -183,23 +183,11 @@ def plan(a) -> list:
 
 def run_child(a, res: dict) -> None:
     """Run one mode in one Engine; fills ``res`` as it goes (a crash keeps the finished points)."""
-    os.environ[bench_verify.PROBE_ENV] = "1"
-    os.environ.pop(bench_verify.PLUGIN_ENV, None)
-    os.environ.pop(bench_verify.PROFILE_ENV, None)
-    if a.child == "ours":
-        os.environ[bench_verify.PLUGIN_ENV] = "1"
     maps = load_maps(a.pair_dir)
     check_classes(a, maps)
-    kw = engine_kwargs(a, a.child)
-    print("BENCH engine_kwargs " + json.dumps(kw), flush=True)
     import verify_probe
-    from sglang.srt.entrypoints.engine import Engine
 
-    t0 = time.perf_counter()
-    eng = Engine(**kw)
-    res.update(mode=a.child, engine_kwargs=kw, startup_s=round(time.perf_counter() - t0, 1), phases=[])
-    print(f"BENCH startup {res['startup_s']}s", flush=True)
-    res["plugin_before"] = bench_verify._state(eng)["plugin"]
+    eng = bench_verify.start_engine(engine_kwargs(a, a.child), res, a.child, plugin=a.child == "ours")
     sp = lambda n: {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}  # noqa: E731
     sims = {}
     try:

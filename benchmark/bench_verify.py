@@ -156,25 +156,36 @@ def _state(eng) -> dict:
     return {"probe": st.get("bench_probe", {}), "plugin": st.get("verify_cuda_graph")}
 
 
-def run_child(a, res: dict) -> None:
-    """Run one mode in one Engine; fills ``res`` as it goes (so a crash keeps the finished phases)."""
+def start_engine(kw: dict, res: dict, mode: str, plugin: bool, profile_every: int = 0):
+    """``sglang.Engine(**kw)`` for one mode's child process, with the per-replay probe on, the
+    plugin's flag set only when ``plugin`` and its profile every ``profile_every`` cycles (0: off);
+    ``mode``, ``engine_kwargs``, ``startup_s`` (s), an empty ``phases`` and ``plugin_before``
+    (the plugin's counters, None without it) go into ``res``. Returns the engine."""
     os.environ[PROBE_ENV] = "1"
     os.environ.pop(PLUGIN_ENV, None)
     os.environ.pop(PROFILE_ENV, None)
-    if a.child in ("ours", "ours_profile"):
+    if plugin:
         os.environ[PLUGIN_ENV] = "1"
-    if a.child == "ours_profile":
-        os.environ[PROFILE_ENV] = str(a.profile_every)
-    kw = engine_kwargs(a, a.child)
+    if profile_every:
+        os.environ[PROFILE_ENV] = str(profile_every)
     print("BENCH engine_kwargs " + json.dumps(kw), flush=True)
-    import verify_probe
     from sglang.srt.entrypoints.engine import Engine
 
     t0 = time.perf_counter()
     eng = Engine(**kw)
-    res.update(mode=a.child, engine_kwargs=kw, startup_s=round(time.perf_counter() - t0, 1), phases=[])
+    res.update(mode=mode, engine_kwargs=kw, startup_s=round(time.perf_counter() - t0, 1), phases=[])
     print(f"BENCH startup {res['startup_s']}s", flush=True)
     res["plugin_before"] = _state(eng)["plugin"]
+    return eng
+
+
+def run_child(a, res: dict) -> None:
+    """Run one mode in one Engine; fills ``res`` as it goes (so a crash keeps the finished phases)."""
+    import verify_probe
+
+    kw = engine_kwargs(a, a.child)
+    eng = start_engine(kw, res, a.child, plugin=a.child in ("ours", "ours_profile"),
+                       profile_every=a.profile_every if a.child == "ours_profile" else 0)
     vocab = target_config(a)["vocab_size"]
     sp = lambda n: {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}  # noqa: E731
     try:
