@@ -314,7 +314,7 @@ SPEEDUP_ST = Stage(  # est (not measured): bench_speedup.py's own ESTIMATE for i
     # build 35 s, 3 engine starts of ~45 s, 54 points x 3 repeats); a cold kernel cache adds ~60 s;
     # SPEEDUP_ARGS="--repeats 1" for a third of the points' time
     "speedup", ("python3", "benchmark/bench_speedup.py", "--out", "{work}/speedup_results.json", "--md",
-                "{work}/speedup_table.md", "--log-dir", "{logs}/speedup", "--pair-dir", "{models}",
+                "{logs}/speedup/speedup_table.md", "--log-dir", "{logs}/speedup", "--pair-dir", "{models}",
                 "--mode-timeout", Arg("SPEEDUP_MODE_TMO", "300")),
     "SPEEDUP_TMO", 500, 370, kind="bench", extra=Arg("SPEEDUP_ARGS"), alone=True, report="speedup",
     results="speedup_results.json")
