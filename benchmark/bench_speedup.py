@@ -66,10 +66,11 @@ import speedup_report  # noqa: E402
 MODES = ("plain", "upstream", "ours")
 PAIR = accept_pair.LLAMA8B.folder(True)  # llama8b-pair-attn (+ -eagle3)
 WEIGHTS = "pytorch_model.bin"
-# The estimate's constants (H200): seconds per engine start (import, 3.2 GiB read, 16 GiB to the
-# GPU, graph capture: bench_verify's llama-8b starts took 25-37 s with dummy weights), seconds to
-# build the pair, host seconds per point, prefill tokens per second; per-step GPU ms: cycle_ms.
-START_S, BUILD_S, POINT_OVERHEAD_S, PREFILL_TOK_S = 45.0, 35.0, 0.3, 40000.0
+# The estimate's constants (H200, section 12 of docs/benchmarks.md): seconds per mode outside its
+# points (child process, engine start with 3.2 GiB read, 16 GiB to the GPU and graph capture,
+# shutdown: 103 / 62 / 60 s for plain / upstream / ours, the first start compiling), seconds to build
+# the pair (14 s), host seconds per point, prefill tokens per second; per-step GPU ms: cycle_ms.
+START_S, BUILD_S, POINT_OVERHEAD_S, PREFILL_TOK_S = 75.0, 15.0, 0.3, 40000.0
 
 if __name__ == "__mp_main__" and os.environ.get(bench_verify.PROBE_ENV) == "1":  # scheduler process (spawn)
     try:
@@ -236,17 +237,19 @@ def run_child(a, res: dict) -> None:
 # ----------------------------------------------------------------- estimate
 def _decode_ms(ctx: int, bs: int) -> float:
     k = ctx / 1024
-    return 4.9 + 0.36 * k + 0.004 * bs * k
+    return 4.63 + 0.359 * k + 0.032 * bs * k
 
 
 def cycle_ms(mode: str, ctx: int, bs: int) -> float:
     """Estimated GPU ms of one decode step (plain) or one EAGLE-3 cycle at num_steps 3 on the
-    H200 (fit to section 1 of ``docs/benchmarks.md``; an estimate, not a measurement)."""
+    H200 (fit to the pair's decode and verify times of section 12 of ``docs/benchmarks.md``; an
+    estimate, not a measurement)."""
     dec = _decode_ms(ctx, bs)
     if mode == "plain":
         return dec
     side = 1.2 + 0.05 * bs + 0.05 * ctx / 1024  # draft steps + draft extend
-    ratio = 1.0 if mode == "ours" else 1.4 + 0.18 * ctx / 1024 * (1 + bs / 8)
+    k = ctx / 1024
+    ratio = 1.0 if mode == "ours" else 1.17 + 0.185 * k + 0.057 * bs + 0.0193 * k * bs
     return dec * ratio + side
 
 

@@ -310,13 +310,13 @@ CAPTURE_ST = Stage(  # repeated engine starts: 316 s for 3 repeats x 2 modes on 
     "CAPTURE_TMO", 300, 320, kind="bench", extra=Arg("CAPTURE_ARGS"), alone=True, report="capture",
     results="capture_results.json")
 
-SPEEDUP_ST = Stage(  # est (not measured): bench_speedup.py's own ESTIMATE for its default grid (368 s: pair
-    # build 35 s, 3 engine starts of ~45 s, 54 points x 3 repeats); a cold kernel cache adds ~60 s;
-    # SPEEDUP_ARGS="--repeats 1" for a third of the points' time
+SPEEDUP_ST = Stage(  # est: measured 438 s on the H200 with a warm kernel cache (bench_speedup.py's own
+    # ESTIMATE for its default grid: 463 s); a cold kernel cache adds ~60 s; SPEEDUP_ARGS="--repeats 1"
+    # for a third of the points' time
     "speedup", ("python3", "benchmark/bench_speedup.py", "--out", "{work}/speedup_results.json", "--md",
                 "{logs}/speedup/speedup_table.md", "--log-dir", "{logs}/speedup", "--pair-dir", "{models}",
                 "--mode-timeout", Arg("SPEEDUP_MODE_TMO", "300")),
-    "SPEEDUP_TMO", 500, 370, kind="bench", extra=Arg("SPEEDUP_ARGS"), alone=True, report="speedup",
+    "SPEEDUP_TMO", 500, 440, kind="bench", extra=Arg("SPEEDUP_ARGS"), alone=True, report="speedup",
     results="speedup_results.json")
 
 DEMO_ST = Stage(  # three server starts (~60-140 s each, the first compiles Triton on a cold cache) + ~10 s of requests each
@@ -391,18 +391,17 @@ SHARD_FLOOR_ARGS = ("--model kimi-k25-shard --modes plain,ours --steps 2 --conte
                     "--new-tokens 48 --prefix-cache --mem 0.85 --moe-runner-backend triton --cuda-graph-bs 8,24")
 """3 draft tokens at bs 8 against plain decode at bs 8 and at bs 24: a decode step over the verify's
 24 tokens (the same GEMM and MoE rows, decode's attention) measured in the same run."""
-# est (not measured): 2 engine starts of ~70 s + prefill of 24 prompts at 1k and 4k (~125k tokens at
-# 3-4k tokens/s) per engine + 4 points x ~50 tokens
-SHARD_FLOOR_ST = _shard_bench("shard_floor", SHARD_FLOOR_ARGS, 480, 330, "230")
-SHARD_PARTS_ST = Stage(  # est (not measured): one shard layer, 11 timed points of 60 replays + MoE weight sets
+# est: measured 210 s on the H200 (2 engines: 111 and 96 s, starts of 53 and 41 s)
+SHARD_FLOOR_ST = _shard_bench("shard_floor", SHARD_FLOOR_ARGS, 480, 210, "230")
+SHARD_PARTS_ST = Stage(  # est: measured 39 s on the H200 (one shard layer, 11 timed points of 60 replays)
     "shard_parts", ("python3", "benchmark/bench_verify_parts.py", "--out", "{work}/shard_parts_results.json"),
-    "SHARD_PARTS_TMO", 150, 90, kind="bench", alone=True, results="shard_parts_results.json",
+    "SHARD_PARTS_TMO", 150, 40, kind="bench", alone=True, results="shard_parts_results.json",
     extra=Arg("SHARD_PARTS_ARGS", "--batch-sizes 8 --contexts 1024,4096 --ndt 3"))
 SHARD_CAPTURE_ARGS = ("--model kimi-k25-shard --repeats 3 --steps 2 --batch-sizes 1,4,8,16,32 "
                       "--cuda-graph-bs 1,4,8,16,32 --mem 0.85 --moe-runner-backend triton")
 """Capture time of the shard's verify graphs, ours vs upstream, over alternating engine starts
 (the buckets of the shard sweep)."""
-# est (not measured): 6 engine starts of ~70 s (dummy init of 72 GiB, 61-layer captures), no generation
+# est: measured 435 s on the H200 (6 engine starts of 58-84 s: dummy init of 72 GiB, 61-layer captures)
 SHARD_CAPTURE_ST = Stage(
     "shard_capture", ("python3", "benchmark/bench_capture.py", "--out", "{work}/shard_capture_results.json",
                       "--log-dir", "{logs}/shard_capture", "--mode-timeout", "200", "--models-dir", "{models}"),
@@ -449,7 +448,7 @@ SUITES: dict[str, Suite] = {
         "measured EAGLE-3 speed-up with set accept lengths (1.5-3.0 at num_steps 3) on the Llama-3.1-8B-"
         "shape pair (scripts/accept_pair.py --shape llama8b, built first): plain / upstream / ours "
         "tok/s at bs 1, 4, 16 x ctx 1k, 8k, and the advisor's prediction against it (SPEEDUP_ARGS)",
-        370, (SPEEDUP_ST,)),
+        440, (SPEEDUP_ST,)),
     "kbench": Suite(
         "one verify layer's attention op: decode / upstream / ours in CUDA-graph replays (KBENCH_ARGS)",
         110, (KBENCH_ST,)),
@@ -477,7 +476,7 @@ SUITES: dict[str, Suite] = {
     "shard_floor": Suite(
         "3 draft tokens at bs 8 on the shard against plain decode at bs 8 and 24 (the verify's token "
         "count), then one shard layer's parts (attention, routed MoE, dense) at bs 8, ctx 1k and 4k",
-        330 + 90, (SHARD_FLOOR_ST, SHARD_PARTS_ST), total_s=595),
+        210 + 40, (SHARD_FLOOR_ST, SHARD_PARTS_ST), total_s=595),
     "shard_capture": Suite(
         "capture time and memory of the shard's verify graphs, ours vs upstream, 3 alternating starts "
         "each (SHARD_CAPTURE_ARGS)", 450, (SHARD_CAPTURE_ST,), total_s=595),
