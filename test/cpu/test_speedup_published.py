@@ -120,3 +120,20 @@ def test_the_kv_splits_table_is_the_two_raw_files(raw):
         assert tok[1] == round(t32[key]["decode_request_tok_s"], 1)
         sp = [float(x.strip().strip("*")) for x in cells[4].split("/")]
         assert sp[1] == round(ours[key]["decode_server_tok_s"] / t32[key]["decode_server_tok_s"], 2)
+
+
+@pytest.mark.parametrize("doc", ["README.md", os.path.join("docs", "upstream_pr.md")])
+def test_the_accept_two_rows_of_the_readme_and_the_pr_text_are_the_raw_files(raw, doc):
+    text = open(os.path.join(ROOT, doc)).read()
+    rows = {(r["context"], r["bs"]): r["speedup"] for r in raw["rows"] if r["cls"] == 1}
+    seen = 0
+    for ln in text.splitlines():
+        m = re.match(r"\| 2\.0 \| (1k|8k|1024|8192) \| (\d+) \| \*\*([\d.]+)\*\*[^|]*\| ([\d.]+) \| ([\d.]+) \|", ln)
+        if not m:
+            continue
+        ctx = {"1k": 1024, "8k": 8192}.get(m.group(1)) or int(m.group(1))
+        sp = rows[(ctx, int(m.group(2)))]
+        assert [float(m.group(i)) for i in (3, 4, 5)] == [
+            round(sp[k], 2) for k in ("ours_over_plain", "upstream_over_plain", "ours_over_upstream")], ln
+        seen += 1
+    assert seen >= 4
