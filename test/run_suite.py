@@ -10,7 +10,7 @@ models) and then runs ``python3 test/run_suite.py $SUITE``; it packs the logs an
 
 A NAME is a suite of ``SUITES`` (``demo``, ``kernel``, ``selftest``, ``e2e``, ``mla``, ``reliability``,
 ``profile``, ``accept_attn``, ``bench``, ``speedup``, ``kbench``, ``capture``, ``shard``, ``shard_triton``, ``shard_marlin``,
-``shard_wrapped``, ``shard_bench``, ``shard_bench_lean``, ``all``), one stage of a suite (e.g. ``nan``,
+``shard_wrapped``, ``shard_bench``, ``shard_bench_lean``, ``shard_rest_*``, ``all``), one stage of a suite (e.g. ``nan``,
 ``sanitizer``, ``accept``), ``wait`` (a barrier: wait for the stages running at once; the rest run
 one at a time) or ``-NAME`` (leave that suite's or stage's stages out: ``reliability -sanitizer``).
 
@@ -408,6 +408,22 @@ SHARD_CAPTURE_ST = Stage(
     "SHARD_CAPTURE_TMO", 520, 450, kind="bench", alone=True, report="capture",
     results="shard_capture_results.json", extra=Arg("SHARD_CAPTURE_ARGS", SHARD_CAPTURE_ARGS))
 
+_SHARD_REST = ("--model kimi-k25-shard --new-tokens 48 --prefix-cache --mem 0.85 --moe-runner-backend triton "
+               "--cuda-graph-bs 16,32 --batch-sizes 16,32")
+"""The sweep points section 7.2 / 10 of docs/benchmarks.md lack, one 10-minute call each; merge the
+three results with ``bench_verify.py --merge``."""
+# est (not measured): per engine ~60 s start + 32 prompts of 1k and 4k (160k tokens at 3-4k tokens/s)
+# + 4 points x 48 tokens; 3 engines
+SHARD_REST_WIDE_ST = _shard_bench("shard_rest_wide", "--steps 2 --contexts 1024,4096 " + _SHARD_REST, 545, 420, "180")
+# est (not measured): per engine ~60 s start + 32 x 16k prompt tokens (524k at 2.8-4.3k tokens/s); 2 engines
+SHARD_REST_16K_ST = _shard_bench("shard_rest_16k", "--steps 2 --contexts 16384 --modes plain,ours " + _SHARD_REST,
+                                 545, 500, "270")
+# est (not measured): upstream at num_steps 2, then ours at num_steps 3, each one engine as above
+SHARD_REST_16K_UP_ST = _shard_bench("shard_rest_16k_up", "--steps 2 --contexts 16384 --modes upstream " + _SHARD_REST,
+                                    280, 250, "270")
+SHARD_REST_16K_S3_ST = _shard_bench("shard_rest_16k_s3", "--steps 3 --contexts 16384 --modes ours " + _SHARD_REST,
+                                    280, 250, "270")
+
 # ------------------------------------------------------------------------------ the suites
 SUITES: dict[str, Suite] = {
     "demo": Suite(
@@ -480,6 +496,15 @@ SUITES: dict[str, Suite] = {
     "shard_capture": Suite(
         "capture time and memory of the shard's verify graphs, ours vs upstream, 3 alternating starts "
         "each (SHARD_CAPTURE_ARGS)", 450, (SHARD_CAPTURE_ST,), total_s=595),
+    "shard_rest_wide": Suite(
+        "the shard sweep's missing points, 1: num_steps 2 at bs 16 and 32 x ctx 1k and 4k, plain / upstream / "
+        "ours (SHARD_REST_WIDE_ARGS)", 420, (SHARD_REST_WIDE_ST,), total_s=595),
+    "shard_rest_16k": Suite(
+        "the shard sweep's missing points, 2: num_steps 2 at bs 16 and 32 x ctx 16k, plain and ours "
+        "(SHARD_REST_16K_ARGS)", 500, (SHARD_REST_16K_ST,), total_s=595),
+    "shard_rest_16k_up": Suite(
+        "the shard sweep's missing points, 3: upstream at num_steps 2 and ours at num_steps 3, bs 16 and 32 x "
+        "ctx 16k", 500, (SHARD_REST_16K_UP_ST, SHARD_REST_16K_S3_ST), total_s=595),
     "shard_bench_lean": Suite(
         "per-phase GPU time on the shard, num_steps 3, bs 1 and 32 x ctx 1k and 16k (SHARD_BENCH_LEAN_ARGS)",
         480, (SHARD_BENCH_LEAN_ST,), total_s=595),

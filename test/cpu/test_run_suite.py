@@ -45,6 +45,9 @@ WANT_FILES = {
     "shard_bench_lean": {"benchmark/bench_verify.py"},
     "shard_floor": {"benchmark/bench_verify.py", "benchmark/bench_verify_parts.py"},
     "shard_capture": {"benchmark/bench_capture.py"},
+    "shard_rest_wide": {"benchmark/bench_verify.py"},
+    "shard_rest_16k": {"benchmark/bench_verify.py"},
+    "shard_rest_16k_up": {"benchmark/bench_verify.py"},
 }
 SHARD_SUITES = {n for n in WANT_FILES if n.startswith("shard")}
 
@@ -251,7 +254,8 @@ def test_shard_suites_one_server_at_a_time_and_what_they_set():
     env = r.stage_env(rs.SHARD_E2E_MARLIN_ST, shared=False)
     assert env["E2E_SERVER_ARGS"] == "--mem-fraction-static 0.75" and env["E2E_PARITY_TOKENS"] == "32"
     assert r.argv(rs.SHARD_JIT_ST)[-2:] == ["start", "/j"]
-    for name in ("shard_triton", "shard_marlin", "shard_bench_lean"):
+    for name in ("shard_triton", "shard_marlin", "shard_bench_lean", "shard_rest_wide", "shard_rest_16k",
+                 "shard_rest_16k_up"):
         st = rs.settings([name], {})
         assert st.total_s <= 595 and rs.estimate_s(st) < st.total_s - st.reserve_s, name
     assert rs.settings(["shard"], {}).total_s > 1000  # the whole suite is longer than one call
