@@ -64,6 +64,7 @@ import bench_verify  # noqa: E402
 import speedup_report  # noqa: E402
 
 MODES = ("plain", "upstream", "ours")
+POINT_MARK = speedup_report.POINT_MARK
 PAIR = accept_pair.LLAMA8B.folder(True)  # llama8b-pair-attn (+ -eagle3)
 WEIGHTS = "pytorch_model.bin"
 # The estimate's constants (H200, section 12 of docs/benchmarks.md): seconds per mode outside its
@@ -188,7 +189,8 @@ def run_child(a, res: dict) -> None:
     check_classes(a, maps)
     import verify_probe
 
-    eng = bench_verify.start_engine(engine_kwargs(a, a.child), res, a.child, plugin=a.child == "ours")
+    eng = bench_verify.start_engine(engine_kwargs(a, a.child), res, a.child, plugin=a.child == "ours",
+                                    profile_every=a.profile_every if a.child != "plain" else 0)
     sp = lambda n: {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}  # noqa: E731
     sims = {}
     try:
@@ -198,6 +200,8 @@ def run_child(a, res: dict) -> None:
                 sims[cls] = accept_pair.simulate(maps, [c["last_token"]], a.new_tokens, a.steps)
             sim = sims[cls]
             prompts = accept_pair.speedup_prompts(maps, ctx, bs, cls, maps["shape"]["vocab"])
+            # where this point's profile lines start in the log (speedup_report.profile_segments)
+            print(POINT_MARK + json.dumps({"context": ctx, "bs": bs, "cls": cls}), flush=True)
             eng.generate(input_ids=prompts, sampling_params=sp(a.warmup_tokens))
             bench_verify._state(eng)  # drains the probe
             t1_runs, tn_runs = [], []
@@ -283,10 +287,16 @@ def report(a, modes: dict, meta: dict) -> dict:
     """Rows, advisor rows, tables and check lines of the finished modes."""
     rows = speedup_report.build_rows(modes)
     adv = speedup_report.advisor_rows(rows, a.steps)
+    if a.profile_every:  # the advisor as a user runs it: --from-log on each point's profile lines
+        log_dir = a.log_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "speedup_logs")
+        speedup_report.add_log_predictions(adv, {m: os.path.join(log_dir, f"bench_{m}.log") for m in modes},
+                                           log_dir)
     md = ("Decode tokens/s per request / per server (prefill left out), speed-ups of decode server "
           "tok/s; accept = SGLang's completion tokens / verify steps.\n\n" + speedup_report.speedup_table(rows)
           + "\n\nAdvisor (GPU ms per replay, decode accept length) vs measured speed-up over plain:\n\n"
-          + speedup_report.advisor_table(adv) + "\n")
+          + speedup_report.advisor_table(adv) + "\n"
+          + ("\nThe advisor on each point's profile log (`--from-log`, `--decode-ms` = plain's decode GPU ms) "
+             "vs measured:\n\n" + speedup_report.advisor_log_table(adv) + "\n" if a.profile_every else ""))
     refused = [f"ctx={x['context']} bs={x['bs']} class={x['cls']} {x['mode']}: {x['advisor_error']}"
                for x in adv if x.get("advisor_error")]
     return {"rows": rows, "advisor": adv, "table_md": md, "gaps": speedup_report.big_gaps(adv),
@@ -337,7 +347,8 @@ def run_parent(a) -> int:
             "mode_status": {}, "estimate_s": est, "command": shlex.join([sys.executable] + sys.argv),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "flags": f"contexts={a.contexts} batch_sizes={a.batch_sizes} classes={a.classes} "
-                     f"new_tokens={a.new_tokens} steps={a.steps} mem={a.mem} modes={a.modes}"}
+                     f"new_tokens={a.new_tokens} steps={a.steps} mem={a.mem} modes={a.modes} "
+                     f"profile_every={a.profile_every}"}
     meta["pair_build_s"] = ensure_pair(a.pair_dir, say)
     maps = load_maps(a.pair_dir)
     check_classes(a, maps)
@@ -438,6 +449,10 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=at_least(1), default=accept_pair.NUM_STEPS,
                     help="EAGLE-3 draft steps S (S + 1 draft tokens)")
     ap.add_argument("--mem", type=float, default=0.75, help="mem_fraction_static")
+    ap.add_argument("--profile-every", type=at_least(0), default=0,
+                    help="speculative engines log the per-phase profile every N cycles "
+                         "(--verify-graph-profile-every) and the advisor reads each point's lines "
+                         "(--from-log) beside its probe-fed prediction (0: off)")
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs (applied last)")
     ap.add_argument("--mode-timeout", type=float, default=240, help="seconds per mode subprocess")

@@ -25,10 +25,17 @@ replay, the mode's draft / verify / draft-extend replays and the measured decode
 100 x (predicted / measured - 1). The advisor counts GPU time only: ``wall_per_gpu`` (wall ms per
 step or cycle over its GPU ms) of plain and of the mode give the gap,
 ``predicted / measured = mode wall_per_gpu / plain wall_per_gpu``.
+
+Profile-log check (``bench_speedup.py --profile-every N``): the speculative engines also log the
+per-phase profile, and the advisor is run as a user runs it, ``--from-log`` on each point's lines
+(:func:`profile_segments`) with ``--decode-ms`` = the plain engine's decode GPU ms: its phase
+times, ``other_ms`` and accept length are then the log's (``gap_from_log_pct``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 
 SPEC_MODES = ("upstream", "ours")
@@ -169,6 +176,95 @@ def advisor_rows(rows: list, num_steps: int) -> list:
             a["wall_per_gpu"] = _div(met.get("step_wall_ms"), met.get("cycle_ms"))
             out.append(a)
     return out
+
+
+POINT_MARK = "BENCH point "
+"""The line a ``bench_speedup`` child prints before each point's warm-up: ``BENCH point`` + JSON
+``{"context", "bs", "cls"}``."""
+
+
+def profile_segments(log_path: str) -> dict:
+    """``{(context, bs, cls): [line, ...]}``: the ``verify_graph_profile`` lines of a child's log
+    between one point's ``BENCH point`` line and the next one's (the profile drains its events
+    a few cycles late, so a window can hold the previous point's last cycles: lines whose ``bs=``
+    is not the point's are dropped). ``{}`` for a log that cannot be read."""
+    from sglang_verify_graph.advisor_inputs import LOG_TAG
+
+    out, key = {}, None
+    try:
+        lines = open(log_path, errors="replace").read().splitlines()
+    except OSError:
+        return {}
+    for ln in lines:
+        if ln.startswith(POINT_MARK):
+            p = json.loads(ln[len(POINT_MARK):])
+            key = (p["context"], p["bs"], p["cls"])
+            out[key] = []
+        elif key is not None and LOG_TAG in ln.split() and f" bs={key[1]} " in f" {ln} ":
+            out[key].append(ln)
+    return out
+
+
+def log_prediction(log_file: str, decode_ms: float) -> dict:
+    """The advisor exactly as ``python -m sglang_verify_graph.advisor --from-log LOG_FILE
+    --decode-ms DECODE_MS`` runs it: ``{"predicted", "num_steps", "verify_ms", "draft_ms",
+    "draft_extend_ms", "other_ms", "accept_length"}`` (ms: the log's medians). Raises
+    ``advisor.AdvisorError`` (a ValueError) for a log or input it refuses, OSError for a file."""
+    from sglang_verify_graph import advisor
+
+    inp = advisor.inputs_from_args(advisor.build_parser().parse_args(
+        ["--from-log", log_file, "--decode-ms", repr(float(decode_ms))]))
+    row = advisor.evaluate(inp, inp.num_steps)
+    k = inp.num_steps
+    return {"predicted": row.speedup, "num_steps": k, "verify_ms": inp.verify_points.get(k),
+            "draft_ms": inp.draft_points.get(k), "draft_extend_ms": inp.draft_extend_ms,
+            "other_ms": inp.other_ms, "accept_length": inp.accept_length}
+
+
+def add_log_predictions(adv: list, logs: dict, out_dir: str) -> None:
+    """Add to each advisor row of a mode in ``logs`` (``{mode: child log path}``) the advisor's
+    prediction from that point's profile lines: ``log_lines`` (count), ``from_log`` (the dict of
+    :func:`log_prediction`, or ``{"error": message}``) and ``gap_from_log_pct``; each point's
+    lines are written to ``out_dir/profile_<mode>_<context>_<bs>_<cls>.log`` (the file the
+    advisor read)."""
+    segs = {m: profile_segments(p) for m, p in logs.items() if m in SPEC_MODES}
+    for a in adv:
+        lines = segs.get(a["mode"], {}).get((a["context"], a["bs"], a["cls"]))
+        if lines is None:
+            continue
+        a["log_lines"] = len(lines)
+        path = os.path.join(out_dir, f"profile_{a['mode']}_{a['context']}_{a['bs']}_{a['cls']}.log")
+        with open(path, "w") as f:
+            f.writelines(ln + "\n" for ln in lines)
+        try:
+            if a.get("decode_ms") is None:
+                raise ValueError("no plain decode time for this point")
+            fl = log_prediction(path, a["decode_ms"])
+        except (ValueError, OSError) as ex:
+            a["from_log"], a["gap_from_log_pct"] = {"error": str(ex)}, None
+            continue
+        a["from_log"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in fl.items()}
+        a["gap_from_log_pct"] = round(100 * (fl["predicted"] / a["measured"] - 1), 1) if a["measured"] else None
+
+
+def advisor_log_table(adv: list) -> str:
+    """The markdown table of the profile-log predictions (rows with ``from_log``) vs measured."""
+    lines = ["| ctx | bs | agree | mode | log lines | log: draft + verify + extend + other ms | log accept "
+             "| advisor from log | advisor from probe | measured | gap from log |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for a in adv:
+        fl = a.get("from_log")
+        if fl is None:
+            continue
+        if "error" in fl:
+            lines.append(f"| {a['context']} | {a['bs']} | {_f(a['agree'])} | {a['mode']} | {a['log_lines']} "
+                         f"| refused: {fl['error'][:120]} | - | - | {_f(a['predicted'], 3)} | {_f(a['measured'], 3)} | - |")
+            continue
+        parts = " + ".join(_f(fl.get(k), 3) for k in ("draft_ms", "verify_ms", "draft_extend_ms", "other_ms"))
+        lines.append(f"| {a['context']} | {a['bs']} | {_f(a['agree'])} | {a['mode']} | {a['log_lines']} | {parts} "
+                     f"| {_f(fl.get('accept_length'), 3)} | {_f(fl['predicted'], 3)} | {_f(a['predicted'], 3)} "
+                     f"| {_f(a['measured'], 3)} | {_f(a['gap_from_log_pct'], 1, '%')} |")
+    return "\n".join(lines)
 
 
 def _f(v, nd=2, suffix=""):
