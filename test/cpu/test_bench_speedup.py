@@ -344,6 +344,29 @@ def fake_engine(monkeypatch, pair_dir):
     return pair_dir
 
 
+@pytest.fixture()
+def run_parent(monkeypatch):
+    """``run_parent(argv)``: the parent as ``main(argv)`` with ``sys.argv`` set, each mode's child
+    run in this process (its stdout and stderr into the mode's log) and SIGTERM restored after;
+    returns ``(rc, stdout, stderr)``."""
+
+    def run_logged(cmd, log, timeout, child):
+        with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            return bs.main(cmd[2:])
+
+    monkeypatch.setattr(bs.bench_verify, "run_logged", run_logged)
+    monkeypatch.setattr(bs.bench_verify, "_hardware", lambda: "test")
+
+    def run(argv):
+        old = signal.getsignal(signal.SIGTERM)
+        monkeypatch.setattr(sys, "argv", ["bench_speedup.py"] + argv)
+        try:
+            return _run_main(argv)
+        finally:
+            signal.signal(signal.SIGTERM, old)
+    return run
+
+
 def test_child_measures_each_point_with_sglangs_counts(fake_engine, tmp_path):
     out = tmp_path / "child.json"
     argv = ["--pair-dir", fake_engine, "--contexts", "64", "--batch-sizes", "1,2", "--classes", "1,3",
@@ -377,26 +400,14 @@ def test_child_measures_each_point_with_sglangs_counts(fake_engine, tmp_path):
     assert [len(calls[i][1]) for i in range(0, 28, 7)] == [1, 2, 1, 2]
 
 
-def test_parent_runs_every_mode_and_writes_rows_advisor_and_tables(fake_engine, tmp_path, monkeypatch):
+def test_parent_runs_every_mode_and_writes_rows_advisor_and_tables(fake_engine, tmp_path, monkeypatch, run_parent):
     """The whole run with each mode's child in this process: JSON rows with the speed-ups, the
     advisor rows, the markdown file, RESULT lines, exit 0; a mismatched output makes it exit 1."""
-
-    def run_logged(cmd, log, timeout, child):
-        with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-            return bs.main(cmd[2:])
-
     assert bs.pair_ready(fake_engine)  # nothing is built here
-    monkeypatch.setattr(bs.bench_verify, "run_logged", run_logged)
-    monkeypatch.setattr(bs.bench_verify, "_hardware", lambda: "test")
-    old = signal.getsignal(signal.SIGTERM)
     out, md = tmp_path / "res.json", tmp_path / "table.md"
     argv = ["--pair-dir", fake_engine, "--contexts", "64,96", "--batch-sizes", "1,2", "--classes", "0,3",
             "--out", str(out), "--md", str(md), "--log-dir", str(tmp_path / "logs")]
-    monkeypatch.setattr(sys, "argv", ["bench_speedup.py"] + argv)
-    try:
-        rc, stdout, err = _run_main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    rc, stdout, err = run_parent(argv)
     assert rc == 0, stdout[-3000:] + err[-3000:]
     res = json.loads(out.read_text())
     assert set(res["modes"]) == {"plain", "upstream", "ours"} and all(m["ok"] for m in res["modes"].values())
@@ -422,10 +433,7 @@ def test_parent_runs_every_mode_and_writes_rows_advisor_and_tables(fake_engine, 
         return outs
 
     monkeypatch.setattr(FakeEngine, "generate", wrong)
-    try:
-        rc, stdout, err = _run_main(argv + ["--modes", "ours"])
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    rc, stdout, err = run_parent(argv + ["--modes", "ours"])
     assert rc == 1 and "RESULT check FAILED: ours ctx=64 bs=1 class=0: 1 of 1 outputs differ" in stdout
 
 
@@ -471,22 +479,11 @@ def test_log_prediction_is_the_advisor_cli_on_the_same_file(tmp_path, capsys):
     assert got["predicted"] == pytest.approx(2.1 * 5.0 / 6.0)
 
 
-def test_parent_with_profile_every_feeds_the_advisor_each_points_log(fake_engine, tmp_path, monkeypatch):
-    def run_logged(cmd, log, timeout, child):
-        with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-            return bs.main(cmd[2:])
-
-    monkeypatch.setattr(bs.bench_verify, "run_logged", run_logged)
-    monkeypatch.setattr(bs.bench_verify, "_hardware", lambda: "test")
-    old = signal.getsignal(signal.SIGTERM)
+def test_parent_with_profile_every_feeds_the_advisor_each_points_log(fake_engine, tmp_path, run_parent):
     out, md, logs = tmp_path / "res.json", tmp_path / "table.md", tmp_path / "logs"
     argv = ["--pair-dir", fake_engine, "--contexts", "64", "--batch-sizes", "1,2", "--classes", "1",
             "--out", str(out), "--md", str(md), "--log-dir", str(logs), "--profile-every", "8"]
-    monkeypatch.setattr(sys, "argv", ["bench_speedup.py"] + argv)
-    try:
-        rc, stdout, err = _run_main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    rc, stdout, err = run_parent(argv)
     assert rc == 0, stdout[-3000:] + err[-3000:]
     res = json.loads(out.read_text())
     assert [e.kw.get("speculative_algorithm") is not None for e in FakeEngine.made] == [False, True, True]
@@ -510,11 +507,6 @@ def test_parent_with_profile_every_feeds_the_advisor_each_points_log(fake_engine
     assert "advisor from log" in text and text.count("| 64 |") == 2 + 4 + 4
     # without the flag no engine profiles and no row has a log prediction
     FakeEngine.made = []
-    argv = [x for x in argv if x not in ("--profile-every", "8")]
-    monkeypatch.setattr(sys, "argv", ["bench_speedup.py"] + argv)
-    try:
-        rc, stdout, err = _run_main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    rc, stdout, err = run_parent([x for x in argv if x not in ("--profile-every", "8")])
     res = json.loads(out.read_text())
     assert rc == 0 and all("from_log" not in a for a in res["advisor"]) and "advisor from log" not in md.read_text()
