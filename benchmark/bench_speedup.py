@@ -33,11 +33,11 @@ plain decode, the draft steps, the verify and the draft extend: the inputs of th
 when every mode ran, every output and verify count matched the prediction and (``ours``)
 every verify step replayed our graph; 1 otherwise; 2 for a bad flag (one line naming it).
 
-Time (printed before the run, ``ESTIMATE``): the pair's build (~15-35 s, skipped when present),
-per engine ~45 s to start (import, 3.2 GiB read, 16 GiB to the GPU, graph capture) and each
-point's generation from the per-replay costs of ``docs/benchmarks.md`` section 1. The default
-grid (3 engines x 2 contexts x 3 batch sizes x 4 classes, 3 repeats per point) is about 6
-minutes on one H200; ``--repeats 1`` about 4.
+Time (printed before the run, ``ESTIMATE``): the pair's build (~15 s, skipped when present),
+per mode ~75 s outside its points (child process, engine start with 3.2 GiB read, 16 GiB to the
+GPU and graph capture, shutdown) and each point's generation from the per-replay costs of
+``docs/benchmarks.md`` section 12. The default grid (3 engines x 2 contexts x 3 batch sizes x 4
+classes, 3 repeats per point) takes about 7.5 minutes on one H200; ``--repeats 1`` about 4.
 """
 from __future__ import annotations
 
@@ -64,7 +64,6 @@ import bench_verify  # noqa: E402
 import speedup_report  # noqa: E402
 
 MODES = ("plain", "upstream", "ours")
-POINT_MARK = speedup_report.POINT_MARK
 PAIR = accept_pair.LLAMA8B.folder(True)  # llama8b-pair-attn (+ -eagle3)
 WEIGHTS = "pytorch_model.bin"
 # The estimate's constants (H200, section 12 of docs/benchmarks.md): seconds per mode outside its
@@ -201,7 +200,7 @@ def run_child(a, res: dict) -> None:
             sim = sims[cls]
             prompts = accept_pair.speedup_prompts(maps, ctx, bs, cls, maps["shape"]["vocab"])
             # where this point's profile lines start in the log (speedup_report.profile_segments)
-            print(POINT_MARK + json.dumps({"context": ctx, "bs": bs, "cls": cls}), flush=True)
+            print(speedup_report.POINT_MARK + json.dumps({"context": ctx, "bs": bs, "cls": cls}), flush=True)
             eng.generate(input_ids=prompts, sampling_params=sp(a.warmup_tokens))
             bench_verify._state(eng)  # drains the probe
             t1_runs, tn_runs = [], []
@@ -274,6 +273,17 @@ def estimate_s(a, maps: dict, build: bool) -> dict:
 
 
 # ----------------------------------------------------------------- parent
+def child_dir(a) -> str:
+    """The folder of the children's logs and result files: ``--log-dir``, else
+    ``<folder of --out>/speedup_logs``."""
+    return a.log_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "speedup_logs")
+
+
+def mode_file(a, mode: str, ext: str) -> str:
+    """``<child_dir>/bench_<mode>.<ext>``: a mode child's log (``log``) or result (``json``)."""
+    return os.path.join(child_dir(a), f"bench_{mode}.{ext}")
+
+
 def mode_status(res: dict) -> str:
     return bench_verify._mode_status(res)
 
@@ -288,9 +298,7 @@ def report(a, modes: dict, meta: dict) -> dict:
     rows = speedup_report.build_rows(modes)
     adv = speedup_report.advisor_rows(rows, a.steps)
     if a.profile_every:  # the advisor as a user runs it: --from-log on each point's profile lines
-        log_dir = a.log_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "speedup_logs")
-        speedup_report.add_log_predictions(adv, {m: os.path.join(log_dir, f"bench_{m}.log") for m in modes},
-                                           log_dir)
+        speedup_report.add_log_predictions(adv, {m: mode_file(a, m, "log") for m in modes}, child_dir(a))
     md = ("Decode tokens/s per request / per server (prefill left out), speed-ups of decode server "
           "tok/s; accept = SGLang's completion tokens / verify steps.\n\n" + speedup_report.speedup_table(rows)
           + "\n\nAdvisor (GPU ms per replay, decode accept length) vs measured speed-up over plain:\n\n"
@@ -334,8 +342,7 @@ def _read_child(path: str, mode: str) -> dict:
 
 def run_parent(a) -> int:
     t_start = time.time()
-    log_dir = a.log_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "speedup_logs")
-    os.makedirs(log_dir, exist_ok=True)
+    os.makedirs(child_dir(a), exist_ok=True)
     say = lambda s: print(s, flush=True)  # noqa: E731
     build = not pair_ready(a.pair_dir)
     maps = load_maps(a.pair_dir) if not build else default_maps()
@@ -379,7 +386,7 @@ def run_parent(a) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     for mode in a.modes:
-        jf, log = os.path.join(log_dir, f"bench_{mode}.json"), os.path.join(log_dir, f"bench_{mode}.log")
+        jf, log = mode_file(a, mode, "json"), mode_file(a, mode, "log")
         if os.path.exists(jf):
             os.remove(jf)
         cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--child", mode, "--child-out", jf]
