@@ -44,15 +44,16 @@ Per (context, bs) phase: prompts of ``context`` random token ids, warm-up, then 
 greedy tokens with ``ignore_eos``. Reported, in ms: median GPU time per graph replay of target
 decode, target verify, draft decode (all ``--steps`` draft steps of one cycle: one replay), draft
 extend, and their sum per cycle (draft + verify + draft-extend); host time per replay; and e2e ms per step
-= (wall of N tokens - wall of 1 token) / steps (steps = max spec_verify_ct, or N-1 for plain).
+= (wall of N tokens - wall of 1 token, the faster of two) / steps (steps = max spec_verify_ct,
+or N-1 for plain; none when the difference is not positive).
 With dummy random weights no draft token is accepted (accept length 1.0): this measures the cost
 of a speculation cycle, not a speed-up. Prints one table and writes ``--out`` (JSON).
 
 ``--prefix-cache`` (for large sweeps): the radix cache is on and request i of a context has
 the same prompt at every batch size, so each context's prompts are prefilled once (by the first
 point's warm-up) and the 1-token and N-token requests hit the cache. Without it every point
-prefills bs x context tokens three times (warm-up, 1-token, N-token requests): at 16k x bs 32
-that is 1.5M prefill tokens per point and engine. The per-replay GPU times are the same replays
+prefills bs x context tokens four times (warm-up, two 1-token, one N-token request): at 16k x bs
+32 that is 2.1M prefill tokens per point and engine. The per-replay GPU times are the same replays
 either way (the verify reads the same prefix from the KV pool); the e2e figure then is pure
 decode time per step. The pool must hold the largest point (bs x (context + tokens)); raise
 ``--mem`` for 16k x bs 32 on llama-8b (~0.8).
@@ -179,6 +180,15 @@ def start_engine(kw: dict, res: dict, mode: str, plugin: bool, profile_every: in
     return eng
 
 
+def e2e_ms_per_step(tn_s: float, t1_s: float, steps: int) -> float | None:
+    """Wall ms per decode step, ``1000 * (tn_s - t1_s) / steps``: the N-token generation's wall
+    (s) less the 1-token one's (s, the faster of two) over its verify (or decode) steps; ``None``
+    when ``tn_s <= t1_s`` (the 1-token wall held a one-off: no figure rather than a negative one)."""
+    if tn_s <= t1_s:
+        return None
+    return round(1000 * (tn_s - t1_s) / max(steps, 1), 4)
+
+
 def run_child(a, res: dict) -> None:
     """Run one mode in one Engine; fills ``res`` as it goes (so a crash keeps the finished phases)."""
     import verify_probe
@@ -194,9 +204,12 @@ def run_child(a, res: dict) -> None:
                 prompts = bench_prompts(ctx, bs, vocab, a.prefix_cache)
                 eng.generate(input_ids=prompts, sampling_params=sp(a.warmup_tokens))
                 _state(eng)
-                t = time.perf_counter()
-                eng.generate(input_ids=prompts, sampling_params=sp(1))
-                t1 = time.perf_counter() - t
+                t1s = []
+                for _ in range(2):  # the first 1-token request of a point can carry one-off host work
+                    t = time.perf_counter()
+                    eng.generate(input_ids=prompts, sampling_params=sp(1))
+                    t1s.append(time.perf_counter() - t)
+                t1 = min(t1s)
                 t = time.perf_counter()
                 outs = eng.generate(input_ids=prompts, sampling_params=sp(a.new_tokens))
                 tn = time.perf_counter() - t
@@ -206,7 +219,7 @@ def run_child(a, res: dict) -> None:
                 vct = [m.get("spec_verify_ct") or 0 for m in metas]
                 steps = max(vct) if any(vct) else a.new_tokens - 1
                 ph = {"context": ctx, "bs": bs, "t1_s": round(t1, 4), "tn_s": round(tn, 4), "steps": steps,
-                      "e2e_ms_per_step": round(1000 * (tn - t1) / max(steps, 1), 4),
+                      "e2e_ms_per_step": e2e_ms_per_step(tn, t1, steps),
                       "completion_tokens": [m.get("completion_tokens") for m in metas],
                       "accept_len": [m.get("spec_accept_length") for m in metas], "spec_verify_ct": vct}
                 ph.update(verify_probe.summarize_probe(st["probe"], bs))
@@ -354,6 +367,8 @@ def format_table(rows, meta) -> str:
 
 
 def _mode_status(res) -> str:
+    if res and res.get("inputs"):  # one mode joined from several inputs: each input's status
+        return " + ".join(res["inputs"])
     if not res or not res.get("ok"):
         kept = f", {len(res['phases'])} finished points kept from its log" if (res or {}).get("partial") else ""
         return f"FAILED ({(res or {}).get('error', 'no result')}){kept}"
@@ -518,15 +533,34 @@ class MergeError(ValueError):
     """``--merge`` inputs that cannot form one table (message: one line naming the input and fix)."""
 
 
+def _join_mode(first: dict, later: dict, key: str, base: str) -> dict:
+    """One mode from two inputs that measured different points of it (e.g. plain at bs 16 in one
+    run, bs 32 in the next): the phases of both, ``ok`` only when both were, the first input's
+    ``engine_kwargs`` and ``startup_s``, and ``inputs`` holding each input's status. Raises
+    ``MergeError`` when a (context, bs) point is in both or their num_steps differ."""
+    pts = lambda r: {(ph["context"], ph["bs"]) for ph in r["phases"]}  # noqa: E731
+    both = sorted(pts(first) & pts(later))
+    if both:
+        raise MergeError(f"--merge: mode {key} has the point (ctx, bs) {both[0]} in two inputs ({base} and an "
+                         "earlier one); give each point once")
+    steps = lambda r: r.get("engine_kwargs", {}).get("speculative_num_steps")  # noqa: E731
+    if steps(first) != steps(later):
+        raise MergeError(f"--merge: mode {key} ran num_steps {steps(first)} and {steps(later)} ({base}); "
+                         "merge one num_steps at a time")
+    inputs = first.get("inputs") or [_mode_status(first)]
+    return dict(first, phases=first["phases"] + later["phases"], ok=bool(first.get("ok") and later.get("ok")),
+                partial=bool(first.get("partial") or later.get("partial")), inputs=inputs + [_mode_status(later)])
+
+
 def merge_runs(paths: list) -> tuple:
     """Rebuild one result from earlier runs on one machine: ``--out`` JSON files (their
     ``modes``) and mode logs ``bench_<key>.log`` (their ``BENCH phase`` lines, for a mode killed
     before it wrote its JSON). A mode with no phases in a JSON file is taken from a log given
-    beside it. Returns ``(args, modes, meta)`` for ``build_rows`` / ``format_table``: contexts and
-    batch sizes are the union of every mode's points, ``meta["merged_from"]`` lists each input
-    (path, and for a JSON its command and date). Raises ``MergeError`` when two inputs hold the
-    same mode with phases, when the models or the num_steps sets differ, or when an input is
-    neither."""
+    beside it; a mode in several inputs joins their points. Returns ``(args, modes, meta)`` for
+    ``build_rows`` / ``format_table``: contexts and batch sizes are the union of every mode's
+    points, ``meta["merged_from"]`` lists each input (path, and for a JSON its command and date).
+    Raises ``MergeError`` when two inputs hold the same (context, bs) point of a mode, when the
+    models or the num_steps sets differ, or when an input is neither."""
     modes, sources, metas, log_capture = {}, [], [], {}
     for path in paths:
         base = os.path.basename(path)
@@ -552,10 +586,9 @@ def merge_runs(paths: list) -> tuple:
             if not res.get("phases"):
                 modes.setdefault(key, res)  # a failed mode: its status only, unless a log fills it
                 continue
-            if modes.get(key, {}).get("phases"):
-                raise MergeError(f"--merge: mode {key} has points in two inputs ({base} and an earlier "
-                                 "one); give each mode once")
-            if key in modes and modes[key].get("error"):  # a failed mode's status, filled from its log
+            if modes.get(key, {}).get("phases"):  # the same mode again: other points of it
+                res = _join_mode(modes[key], res, key, base)
+            elif key in modes and modes[key].get("error"):  # a failed mode's status, filled from its log
                 res = dict(res, error=modes[key]["error"])
             modes[key] = res
     models = {m.get("model") for m in metas} - {None}

@@ -410,19 +410,19 @@ SHARD_CAPTURE_ST = Stage(
 
 _SHARD_REST = ("--model kimi-k25-shard --new-tokens 48 --prefix-cache --mem 0.85 --moe-runner-backend triton "
                "--cuda-graph-bs 16,32 --batch-sizes 16,32")
-"""The sweep points section 7.2 / 10 of docs/benchmarks.md lack, one 10-minute call each; merge the
-three results with ``bench_verify.py --merge``."""
-# est (not measured): per engine ~60 s start + 32 prompts of 1k and 4k (160k tokens at 3-4k tokens/s)
-# + 4 points x 48 tokens; 3 engines
-SHARD_REST_WIDE_ST = _shard_bench("shard_rest_wide", "--steps 2 --contexts 1024,4096 " + _SHARD_REST, 545, 420, "180")
-# est (not measured): per engine ~60 s start + 32 x 16k prompt tokens (524k at 2.8-4.3k tokens/s); 2 engines
+"""The shard sweep at bs 16 and 32 (docs/benchmarks.md section 7.6), one 10-minute call each; merge
+the results with ``bench_verify.py --merge``."""
+# est: measured 273 s on the H200 (3 engines of 88-94 s, starts of 33-37 s)
+SHARD_REST_WIDE_ST = _shard_bench("shard_rest_wide", "--steps 2 --contexts 1024,4096 " + _SHARD_REST, 545, 275, "180")
+# est: measured 503 s on the H200, ours 230 s; plain reached its 270 s limit at bs 32 with a cold capture
+# (44.8 s), warm it reads ~230 s (ours' time; a plain bs-32-only engine took 135 s)
 SHARD_REST_16K_ST = _shard_bench("shard_rest_16k", "--steps 2 --contexts 16384 --modes plain,ours " + _SHARD_REST,
-                                 545, 500, "270")
-# est (not measured): upstream at num_steps 2, then ours at num_steps 3, each one engine as above
+                                 545, 470, "270")
+# est: measured 244 s (upstream at num_steps 2) and 228 s (ours at num_steps 3) on the H200
 SHARD_REST_16K_UP_ST = _shard_bench("shard_rest_16k_up", "--steps 2 --contexts 16384 --modes upstream " + _SHARD_REST,
-                                    280, 250, "270")
+                                    280, 245, "270")
 SHARD_REST_16K_S3_ST = _shard_bench("shard_rest_16k_s3", "--steps 3 --contexts 16384 --modes ours " + _SHARD_REST,
-                                    280, 250, "270")
+                                    280, 230, "270")
 
 # ------------------------------------------------------------------------------ the suites
 SUITES: dict[str, Suite] = {
@@ -497,14 +497,13 @@ SUITES: dict[str, Suite] = {
         "capture time and memory of the shard's verify graphs, ours vs upstream, 3 alternating starts "
         "each (SHARD_CAPTURE_ARGS)", 450, (SHARD_CAPTURE_ST,), total_s=595),
     "shard_rest_wide": Suite(
-        "the shard sweep's missing points, 1: num_steps 2 at bs 16 and 32 x ctx 1k and 4k, plain / upstream / "
-        "ours (SHARD_REST_WIDE_ARGS)", 420, (SHARD_REST_WIDE_ST,), total_s=595),
+        "the shard sweep at bs 16 and 32, 1: num_steps 2 x ctx 1k and 4k, plain / upstream / ours "
+        "(SHARD_REST_WIDE_ARGS)", 275, (SHARD_REST_WIDE_ST,), total_s=595),
     "shard_rest_16k": Suite(
-        "the shard sweep's missing points, 2: num_steps 2 at bs 16 and 32 x ctx 16k, plain and ours "
-        "(SHARD_REST_16K_ARGS)", 500, (SHARD_REST_16K_ST,), total_s=595),
+        "the shard sweep at bs 16 and 32, 2: num_steps 2 x ctx 16k, plain and ours "
+        "(SHARD_REST_16K_ARGS)", 470, (SHARD_REST_16K_ST,), total_s=595),
     "shard_rest_16k_up": Suite(
-        "the shard sweep's missing points, 3: upstream at num_steps 2 and ours at num_steps 3, bs 16 and 32 x "
-        "ctx 16k", 500, (SHARD_REST_16K_UP_ST, SHARD_REST_16K_S3_ST), total_s=595),
+        "the shard sweep at bs 16 and 32, 3: upstream at num_steps 2 and ours at num_steps 3, ctx 16k", 475, (SHARD_REST_16K_UP_ST, SHARD_REST_16K_S3_ST), total_s=595),
     "shard_bench_lean": Suite(
         "per-phase GPU time on the shard, num_steps 3, bs 1 and 32 x ctx 1k and 16k (SHARD_BENCH_LEAN_ARGS)",
         480, (SHARD_BENCH_LEAN_ST,), total_s=595),

@@ -108,8 +108,30 @@ def test_merge_a_run_a_killed_modes_log_and_a_later_baseline(tmp_path, capsys):
     assert "RESULT merged 3 inputs" in capsys.readouterr().out
 
 
+def test_merge_joins_one_modes_points_from_several_runs(tmp_path):
+    """plain at 16k bs 16 from a run that timed out before bs 32, bs 32 from a later run, ours from
+    the first: one row per point, each plain decode from the run that measured it, both statuses."""
+    first = _result(tmp_path / "a.json", {
+        "plain": {"mode": "plain", "ok": False, "partial": True, "error": "rc=timeout; ", "startup_s": 80.7,
+                  "phases": [_phase(16384, 16, decode=31.6)]},
+        "ours": {"mode": "ours", "ok": True, "startup_s": 39.6, "engine_kwargs": {"speculative_num_steps": 2},
+                 "phases": [_phase(16384, 16, verify=31.3), _phase(16384, 32, verify=49.7)]}})
+    later = _result(tmp_path / "b.json", {
+        "plain": {"mode": "plain", "ok": True, "startup_s": 30.1, "phases": [_phase(16384, 32, decode=52.4)]}})
+    out = tmp_path / "m.json"
+    assert bv.main(["--merge", first, later, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = {(r["context"], r["bs"]): r for r in data["rows"]}
+    assert rows[(16384, 16)]["decode_ms"] == 31.6 and rows[(16384, 32)]["decode_ms"] == 52.4
+    assert rows[(16384, 32)]["ours_verify_per_decode"] == round(49.7 / 52.4, 3)
+    status = data["meta"]["mode_status"]["plain"]
+    assert status == "FAILED (rc=timeout; ), 1 finished points kept from its log + ok, startup 30.1s"
+    assert data["modes"]["plain"]["ok"] is False
+
+
 @pytest.mark.parametrize("case, fix", [
-    ("twice", "give each mode once"),
+    ("twice", "give each point once"),
+    ("steps_joined", "merge one num_steps at a time"),
     ("models", "merge runs of one model"),
     ("steps", "merge one num_steps at a time"),
     ("other", "neither a .json --out file nor a bench_<mode>.log"),
@@ -121,6 +143,9 @@ def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
     a = _result(tmp_path / "a.json", {"upstream": up})
     if case == "twice":
         b = _result(tmp_path / "b.json", {"upstream": up})
+    elif case == "steps_joined":  # the same mode, other points, another num_steps
+        b = _result(tmp_path / "b.json", {"upstream": dict(up, engine_kwargs={"speculative_num_steps": 2},
+                                                           phases=[_phase(4096, 1, verify=3.0)])})
     elif case == "models":
         b = _result(tmp_path / "b.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 1.0,
                                                     "phases": [_phase(1024, 1, decode=1.0)]}}, model="llama-8b")
@@ -136,3 +161,11 @@ def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench_verify.py: --merge") and fix in err[0]
     assert not (tmp_path / "m.json").exists()
+
+
+def test_e2e_per_step_has_no_figure_when_the_one_token_wall_is_longer():
+    """The stored shard sweep read plain at 1k bs 1 as t1 2.7243 s, tn 0.7966 s over 47 steps: a
+    one-off in the 1-token wall gave -41.0 ms per step; that is no figure now, not a negative one."""
+    assert bv.e2e_ms_per_step(0.7966, 2.7243, 47) is None
+    assert bv.e2e_ms_per_step(0.8302, 0.167, 47) == round(1000 * (0.8302 - 0.167) / 47, 4)
+    assert bv.e2e_ms_per_step(0.5, 0.1, 0) == 400.0  # no verify step counted: over one
