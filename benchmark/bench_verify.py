@@ -558,7 +558,8 @@ def merge_runs(paths: list) -> tuple:
     before it wrote its JSON). A mode with no phases in a JSON file is taken from a log given
     beside it; a mode in several inputs joins their points. Returns ``(args, modes, meta)`` for
     ``build_rows`` / ``format_table``: contexts and batch sizes are the union of every mode's
-    points, ``meta["merged_from"]`` lists each input (path, and for a JSON its command and date).
+    points, ``meta["merged_from"]`` lists each input (path, and for a JSON its command, date, mode
+    status and capture; ``meta["capture"]`` keeps one per mode, the last input's).
     Raises ``MergeError`` when two inputs hold the same (context, bs) point of a mode, when the
     models or the num_steps sets differ, or when an input is neither."""
     modes, sources, metas, log_capture = {}, [], [], {}
@@ -573,7 +574,7 @@ def merge_runs(paths: list) -> tuple:
                                  "give the --out JSON or a bench_<mode>.log") from None
             metas.append(m)
             sources.append({"path": base, "command": m.get("command"), "date": m.get("date"),
-                            "mode_status": m.get("mode_status", {})})
+                            "mode_status": m.get("mode_status", {}), "capture": m.get("capture", {})})
         elif re.fullmatch(r"bench_.+\.log", base):
             key = base[len("bench_"):-len(".log")]
             got = {key: dict(phases_from_log(path), ok=False, mode=key.split("@")[0], error="no JSON")}

@@ -33,9 +33,9 @@ def _log(path, phases, steps=3, startup=30.5):
     return str(path)
 
 
-def _result(path, modes, model="kimi-k25-shard"):
+def _result(path, modes, model="kimi-k25-shard", capture=None):
     meta = {"model": model, "hardware": "H200", "versions": {"sglang": "0.5.16"}, "command": "bench",
-            "date": "2026-12-02T09:42:30", "mode_status": {}, "capture": {}}
+            "date": "2026-12-02T09:42:30", "mode_status": {}, "capture": capture or {}}
     path.write_text(json.dumps({"meta": meta, "rows": [], "modes": modes}))
     return str(path)
 
@@ -111,12 +111,12 @@ def test_merge_a_run_a_killed_modes_log_and_a_later_baseline(tmp_path, capsys):
 def test_merge_joins_one_modes_points_from_several_runs(tmp_path):
     """plain at 16k bs 16 from a run that timed out before bs 32, bs 32 from a later run, ours from
     the first: one row per point, each plain decode from the run that measured it, both statuses."""
-    first = _result(tmp_path / "a.json", {
+    first = _result(tmp_path / "a.json", capture={"plain": {"kind": "plain decode", "seconds": 44.75, "gib": 0.23}}, modes={
         "plain": {"mode": "plain", "ok": False, "partial": True, "error": "rc=timeout; ", "startup_s": 80.7,
                   "phases": [_phase(16384, 16, decode=31.6)]},
         "ours": {"mode": "ours", "ok": True, "startup_s": 39.6, "engine_kwargs": {"speculative_num_steps": 2},
                  "phases": [_phase(16384, 16, verify=31.3), _phase(16384, 32, verify=49.7)]}})
-    later = _result(tmp_path / "b.json", {
+    later = _result(tmp_path / "b.json", capture={"plain": {"kind": "plain decode", "seconds": 2.43, "gib": 0.22}}, modes={
         "plain": {"mode": "plain", "ok": True, "startup_s": 30.1, "phases": [_phase(16384, 32, decode=52.4)]}})
     out = tmp_path / "m.json"
     assert bv.main(["--merge", first, later, "--out", str(out)]) == 0
@@ -127,6 +127,8 @@ def test_merge_joins_one_modes_points_from_several_runs(tmp_path):
     status = data["meta"]["mode_status"]["plain"]
     assert status == "FAILED (rc=timeout; ), 1 finished points kept from its log + ok, startup 30.1s"
     assert data["modes"]["plain"]["ok"] is False
+    got = [src["capture"]["plain"]["seconds"] for src in data["meta"]["merged_from"]]
+    assert got == [44.75, 2.43]  # each input's own capture, not only the one meta["capture"] keeps
 
 
 @pytest.mark.parametrize("case, fix", [
