@@ -513,19 +513,28 @@ def phases_from_log(log_path: str) -> dict:
     ``--mode-timeout``, or by the OOM killer): ``{"phases": [...], "partial": True}`` from its
     ``BENCH phase`` lines (the points it finished, each printed once measured), with
     ``startup_s`` and ``engine_kwargs`` from their lines when present; ``{}`` when the log has no
-    phase line (or cannot be read)."""
-    phases, out = [], {}
+    phase line (or cannot be read). A line cut off when the child was killed (not JSON, or a phase
+    without ``context`` / ``bs``) is skipped and counted in ``skipped_lines``."""
+    phases, out, skipped = [], {}, 0
     try:
         lines = open(log_path, errors="replace").read().splitlines()
     except OSError:
         return {}
     for line in lines:
-        if line.startswith("BENCH phase "):
-            phases.append(json.loads(line[len("BENCH phase "):]))
-        elif line.startswith("BENCH engine_kwargs "):
-            out["engine_kwargs"] = json.loads(line[len("BENCH engine_kwargs "):])
-        elif line.startswith("BENCH startup ") and line.endswith("s"):
-            out["startup_s"] = float(line[len("BENCH startup "):-1])
+        try:
+            if line.startswith("BENCH phase "):
+                ph = json.loads(line[len("BENCH phase "):])
+                if not (isinstance(ph, dict) and "context" in ph and "bs" in ph):
+                    raise ValueError("a phase without context / bs")
+                phases.append(ph)
+            elif line.startswith("BENCH engine_kwargs "):
+                out["engine_kwargs"] = json.loads(line[len("BENCH engine_kwargs "):])
+            elif line.startswith("BENCH startup ") and line.endswith("s"):
+                out["startup_s"] = float(line[len("BENCH startup "):-1])
+        except ValueError:
+            skipped += 1
+    if skipped:
+        out["skipped_lines"] = skipped
     return dict(out, phases=phases, partial=True) if phases else {}
 
 
@@ -538,18 +547,71 @@ def _join_mode(first: dict, later: dict, key: str, base: str) -> dict:
     run, bs 32 in the next): the phases of both, ``ok`` only when both were, the first input's
     ``engine_kwargs`` and ``startup_s``, and ``inputs`` holding each input's status. Raises
     ``MergeError`` when a (context, bs) point is in both or their num_steps differ."""
+    steps = lambda r: (r.get("engine_kwargs") or {}).get("speculative_num_steps")  # noqa: E731
+    if steps(first) != steps(later):
+        raise MergeError(f"--merge: mode {key} ran num_steps {steps(first)} and {steps(later)} ({base}); "
+                         "merge one num_steps at a time")
     pts = lambda r: {(ph["context"], ph["bs"]) for ph in r["phases"]}  # noqa: E731
     both = sorted(pts(first) & pts(later))
     if both:
         raise MergeError(f"--merge: mode {key} has the point (ctx, bs) {both[0]} in two inputs ({base} and an "
                          "earlier one); give each point once")
-    steps = lambda r: r.get("engine_kwargs", {}).get("speculative_num_steps")  # noqa: E731
-    if steps(first) != steps(later):
-        raise MergeError(f"--merge: mode {key} ran num_steps {steps(first)} and {steps(later)} ({base}); "
-                         "merge one num_steps at a time")
     inputs = first.get("inputs") or [_mode_status(first)]
     return dict(first, phases=first["phases"] + later["phases"], ok=bool(first.get("ok") and later.get("ok")),
                 partial=bool(first.get("partial") or later.get("partial")), inputs=inputs + [_mode_status(later)])
+
+
+RUN_KWARGS = ("attention_backend", "moe_runner_backend")
+"""Engine settings every merged mode must share (a table of one backend)."""
+
+
+def _read_input(path: str, base: str) -> tuple:
+    """``(modes, meta or None, source)`` of one ``--merge`` input; ``MergeError`` when it is missing
+    or neither an ``--out`` JSON nor a ``bench_<key>.log``."""
+    if not os.path.isfile(path):
+        raise MergeError(f"--merge {path}: no such file; give an existing --out JSON or bench_<mode>.log")
+    if path.endswith(".json"):
+        try:
+            data = json.load(open(path))
+            got, m = data["modes"], data["meta"]
+            if not (isinstance(got, dict) and isinstance(m, dict)):
+                raise TypeError("modes / meta not objects")
+        except (OSError, ValueError, KeyError, TypeError) as ex:
+            raise MergeError(f"--merge {path}: not a bench_verify.py --out file ({type(ex).__name__}); "
+                             "give the --out JSON or a bench_<mode>.log") from None
+        src = {"path": base, "command": m.get("command"), "date": m.get("date"),
+               "mode_status": m.get("mode_status", {}), "capture": m.get("capture", {})}
+        if m.get("merged_from"):
+            src["merged_from"] = m["merged_from"]
+        return got, m, src
+    if re.fullmatch(r"bench_.+\.log", base):
+        key = base[len("bench_"):-len(".log")]
+        mode = key.split("@")[0]
+        if mode not in MODES:
+            raise MergeError(f"--merge {path}: {mode!r} is not a mode ({', '.join(MODES)}); "
+                             "give a bench_<mode>.log as the run wrote it")
+        res = dict(phases_from_log(path), ok=False, mode=mode, error="no JSON", from_log=True)
+        return {key: res}, None, {"path": base, "from_log": True, "skipped_lines": res.get("skipped_lines", 0)}
+    raise MergeError(f"--merge {path}: neither a .json --out file nor a bench_<mode>.log; give one of those")
+
+
+def _add_mode(modes: dict, key: str, res: dict, base: str) -> None:
+    """Put one input's result of mode ``key`` into ``modes``: a mode's points join those of earlier
+    inputs; a failed mode's JSON status and its log's points make one entry in either order."""
+    have = modes.get(key)
+    if have is None:
+        modes[key] = res
+    elif not res.get("phases"):  # a failed run with no points: its reason, kept beside what is there
+        if have.get("from_log") and not have.get("inputs") and res.get("error"):
+            modes[key] = dict(have, error=res["error"], from_log=False)
+        elif have.get("phases"):
+            modes[key] = dict(have, ok=False, inputs=(have.get("inputs") or [_mode_status(have)]) + [_mode_status(res)])
+    elif have.get("phases"):  # the same mode again: other points of it
+        modes[key] = _join_mode(have, res, key, base)
+    elif res.get("from_log") and have.get("error"):  # a failed JSON mode, filled from its log
+        modes[key] = dict(res, error=have["error"], from_log=False)
+    else:  # a failed mode with no points, then a run of it that has them
+        modes[key] = dict(res, ok=False, inputs=[_mode_status(have), _mode_status(res)])
 
 
 def merge_runs(paths: list) -> tuple:
@@ -559,44 +621,43 @@ def merge_runs(paths: list) -> tuple:
     beside it; a mode in several inputs joins their points. Returns ``(args, modes, meta)`` for
     ``build_rows`` / ``format_table``: contexts and batch sizes are the union of every mode's
     points, ``meta["merged_from"]`` lists each input (path, and for a JSON its command, date, mode
-    status and capture; ``meta["capture"]`` keeps one per mode, the last input's).
-    Raises ``MergeError`` when two inputs hold the same (context, bs) point of a mode, when the
-    models or the num_steps sets differ, or when an input is neither."""
+    status, capture and any ``merged_from`` of its own; ``meta["capture"]`` keeps one per mode, the
+    last input's), ``meta["profile_lines"]`` joins the inputs'. Raises ``MergeError`` when an input
+    is missing or neither, when two inputs hold the same (context, bs) point of a mode, when the
+    models, hardware, versions or ``RUN_KWARGS`` differ, or when num_steps differ under plain keys
+    (or plain and ``mode@k`` keys are mixed)."""
     modes, sources, metas, log_capture = {}, [], [], {}
+    seen = {what: set() for what in ("models", "hardware", "versions", *RUN_KWARGS)}
     for path in paths:
         base = os.path.basename(path)
-        if path.endswith(".json"):
-            try:
-                data = json.load(open(path))
-                got, m = data["modes"], data["meta"]
-            except (OSError, ValueError, KeyError) as ex:
-                raise MergeError(f"--merge {path}: not a bench_verify.py --out file ({type(ex).__name__}); "
-                                 "give the --out JSON or a bench_<mode>.log") from None
+        got, m, src = _read_input(path, base)
+        sources.append(src)
+        if m is not None:
             metas.append(m)
-            sources.append({"path": base, "command": m.get("command"), "date": m.get("date"),
-                            "mode_status": m.get("mode_status", {}), "capture": m.get("capture", {})})
-        elif re.fullmatch(r"bench_.+\.log", base):
-            key = base[len("bench_"):-len(".log")]
-            got = {key: dict(phases_from_log(path), ok=False, mode=key.split("@")[0], error="no JSON")}
-            log_capture[key] = target_capture(path)
-            sources.append({"path": base, "from_log": True})
+            seen["models"].add(m.get("model"))
+            seen["hardware"].add(m.get("hardware"))
+            seen["versions"].add(json.dumps(m["versions"], sort_keys=True) if m.get("versions") else None)
         else:
-            raise MergeError(f"--merge {path}: neither a .json --out file nor a bench_<mode>.log; "
-                             "give one of those")
+            log_capture.update({k: target_capture(path) for k in got})
         for key, res in got.items():
-            if not res.get("phases"):
-                modes.setdefault(key, res)  # a failed mode: its status only, unless a log fills it
-                continue
-            if modes.get(key, {}).get("phases"):  # the same mode again: other points of it
-                res = _join_mode(modes[key], res, key, base)
-            elif key in modes and modes[key].get("error"):  # a failed mode's status, filled from its log
-                res = dict(res, error=modes[key]["error"])
-            modes[key] = res
+            ek = res.get("engine_kwargs") or {}
+            if m is None and ek.get("model_path"):
+                seen["models"].add(os.path.basename(ek["model_path"].rstrip("/")))
+            for k in RUN_KWARGS:
+                seen[k].add(ek.get(k))
+            _add_mode(modes, key, res, base)
+    for what, vals in seen.items():
+        vals -= {None, ""}
+        if len(vals) > 1:
+            raise MergeError(f"--merge: the inputs ran different {what} {sorted(vals)}; merge runs of one "
+                             "model, machine, version set and backend")
     models = {m.get("model") for m in metas} - {None}
-    if len(models) > 1:
-        raise MergeError(f"--merge: the inputs ran different models {sorted(models)}; merge runs of one model")
     steps = {r.get("engine_kwargs", {}).get("speculative_num_steps") for r in modes.values()} - {None}
-    keyed = any("@" in k for k in modes)
+    keyed = {k for k in modes if "@" in k}
+    if keyed and any(k not in keyed and not k.startswith("plain") for k in modes):
+        raise MergeError(f"--merge: mode keys {sorted(modes)} mix a --steps sweep's mode@k with plain names; "
+                         "merge one num_steps at a time, or the runs of one --steps sweep")
+    steps |= {int(k.split("@")[1]) for k in keyed if k.split("@")[1].isdigit()}
     if len(steps) > 1 and not keyed:
         raise MergeError(f"--merge: modes ran num_steps {sorted(steps)} under plain keys; "
                          "merge one num_steps at a time")
@@ -612,8 +673,11 @@ def merge_runs(paths: list) -> tuple:
             "merged_from": sources, "capture": {}, "mode_status": {}}
     for m in metas:
         meta["capture"].update({k: v for k, v in m.get("capture", {}).items() if k in modes and v})
+        if m.get("profile_lines"):
+            meta.setdefault("profile_lines", []).extend(m["profile_lines"])
     meta["capture"].update({k: v for k, v in log_capture.items() if v})
     for key, res in modes.items():
+        res.pop("from_log", None)
         meta["mode_status"][key] = _mode_status(res)
     return a, modes, meta
 
@@ -621,6 +685,8 @@ def merge_runs(paths: list) -> tuple:
 def run_merge(a) -> int:
     """``--merge``: write ``--out`` and print the table from earlier runs; 2 with one line on bad input."""
     try:
+        if any(os.path.realpath(p) == os.path.realpath(a.out) for p in a.merge):
+            raise MergeError(f"--merge: --out {a.out} is one of the inputs; give --out another file")
         ma, modes, meta = merge_runs(a.merge)
     except MergeError as ex:
         print(f"bench_verify.py: {ex}", file=sys.stderr)

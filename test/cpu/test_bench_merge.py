@@ -25,7 +25,8 @@ def _phase(ctx, bs, decode=None, verify=None):
 
 def _log(path, phases, steps=3, startup=30.5):
     lines = ["[2026-12-02 09:43:05] server_args=...",
-             "BENCH engine_kwargs " + json.dumps({"model_path": "m", "speculative_num_steps": steps}),
+             "BENCH engine_kwargs " + json.dumps({"model_path": "/tmp/models/kimi-k25-shard",
+                                                  "speculative_num_steps": steps}),
              f"BENCH startup {startup}s"]
     lines += ["BENCH phase " + json.dumps(p) for p in phases]
     lines.append("[2026-12-02 09:49:35] Prefill batch, #new-seq: 1, #new-token: 8192")
@@ -33,9 +34,9 @@ def _log(path, phases, steps=3, startup=30.5):
     return str(path)
 
 
-def _result(path, modes, model="kimi-k25-shard", capture=None):
+def _result(path, modes, model="kimi-k25-shard", capture=None, **meta_extra):
     meta = {"model": model, "hardware": "H200", "versions": {"sglang": "0.5.16"}, "command": "bench",
-            "date": "2026-12-02T09:42:30", "mode_status": {}, "capture": capture or {}}
+            "date": "2026-12-02T09:42:30", "mode_status": {}, "capture": capture or {}, **meta_extra}
     path.write_text(json.dumps({"meta": meta, "rows": [], "modes": modes}))
     return str(path)
 
@@ -131,12 +132,79 @@ def test_merge_joins_one_modes_points_from_several_runs(tmp_path):
     assert got == [44.75, 2.43]  # each input's own capture, not only the one meta["capture"] keeps
 
 
+def test_a_log_line_cut_off_by_the_kill_is_skipped(tmp_path):
+    log = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=13.3), _phase(1024, 4, verify=16.4)])
+    text = pathlib.Path(log).read_text()
+    cut = text.rindex("BENCH phase ") + 40  # the child killed while printing its last phase
+    pathlib.Path(log).write_text(text[:cut] + "\nBENCH phase {\"bs\": 8}\nBENCH startup abcs\n")
+    got = bv.phases_from_log(log)
+    assert [(p["context"], p["bs"]) for p in got["phases"]] == [(1024, 1)] and got["skipped_lines"] == 3
+
+
+@pytest.mark.parametrize("order", ["json_first", "log_first"])
+def test_a_failed_modes_reason_and_its_logs_points_in_either_order(tmp_path, order):
+    failed = _result(tmp_path / "a.json", {"ours": {"mode": "ours", "ok": False, "error": "rc=timeout; "}})
+    log = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=13.3)])
+    inputs = [failed, log] if order == "json_first" else [log, failed]
+    assert bv.main(["--merge", *inputs, "--out", str(tmp_path / "m.json")]) == 0
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert data["meta"]["mode_status"]["ours"] == "FAILED (rc=timeout; ), 1 finished points kept from its log"
+    assert data["rows"][0]["ours_verify_ms"] == 13.3
+
+
+def test_a_failed_run_then_a_run_with_points_shows_both(tmp_path):
+    failed = _result(tmp_path / "a.json", {"plain": {"mode": "plain", "ok": False, "error": "rc=timeout; "}})
+    later = _result(tmp_path / "b.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 30.1,
+                                                    "phases": [_phase(1024, 1, decode=15.3)]}})
+    assert bv.main(["--merge", failed, later, "--out", str(tmp_path / "m.json")]) == 0
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert data["meta"]["mode_status"]["plain"] == "FAILED (rc=timeout; ) + ok, startup 30.1s"
+    assert data["rows"][0]["decode_ms"] == 15.3
+
+
+def test_profile_lines_and_an_inputs_own_merged_from_are_kept(tmp_path):
+    prof = [{"cycles": "20", "num_steps_run": 2}]
+    a = _result(tmp_path / "a.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 1.0,
+                                                "phases": [_phase(1024, 1, decode=1.0)]}},
+                profile_lines=prof, merged_from=[{"path": "first.json"}])
+    assert bv.main(["--merge", a, "--out", str(tmp_path / "m.json")]) == 0
+    meta = json.loads((tmp_path / "m.json").read_text())["meta"]
+    assert meta["profile_lines"] == prof and meta["merged_from"][0]["merged_from"] == [{"path": "first.json"}]
+
+
+def test_keyed_sweep_modes_keep_their_points_when_one_num_steps_failed(tmp_path):
+    """A --steps 1,2 sweep whose num_steps 1 engines died before a point: the @2 columns stay."""
+    ek = {"speculative_num_steps": 2}
+    a = _result(tmp_path / "a.json", {
+        "ours@1": {"mode": "ours", "ok": False, "error": "rc=1"},
+        "ours@2": {"mode": "ours", "ok": True, "startup_s": 1.0, "engine_kwargs": ek,
+                   "phases": [_phase(1024, 1, verify=2.5)]},
+        "plain": {"mode": "plain", "ok": True, "startup_s": 1.0, "phases": [_phase(1024, 1, decode=2.0)]}})
+    assert bv.main(["--merge", a, "--out", str(tmp_path / "m.json")]) == 0
+    rows = {r["num_steps"]: r for r in json.loads((tmp_path / "m.json").read_text())["rows"]}
+    assert rows[2]["ours_verify_ms"] == 2.5 and rows[1]["ours_verify_ms"] is None
+
+
+def test_merge_refuses_an_out_that_is_an_input(tmp_path, capsys):
+    a = _result(tmp_path / "a.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 1.0,
+                                                "phases": [_phase(1024, 1, decode=1.0)]}})
+    before = open(a).read()
+    assert bv.main(["--merge", a, "--out", a]) == 2
+    assert "is one of the inputs" in capsys.readouterr().err and open(a).read() == before
+
+
 @pytest.mark.parametrize("case, fix", [
     ("twice", "give each point once"),
     ("steps_joined", "merge one num_steps at a time"),
     ("models", "merge runs of one model"),
     ("steps", "merge one num_steps at a time"),
     ("other", "neither a .json --out file nor a bench_<mode>.log"),
+    ("missing_log", "no such file"),
+    ("unknown_mode", "is not a mode"),
+    ("hardware", "different hardware"),
+    ("backend", "different attention_backend"),
+    ("log_model", "different models"),
+    ("mixed_keys", "mix a --steps sweep's mode@k with plain names"),
     ("badjson", "not a bench_verify.py --out file"),
 ])
 def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
@@ -153,6 +221,24 @@ def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
                                                     "phases": [_phase(1024, 1, decode=1.0)]}}, model="llama-8b")
     elif case == "steps":
         b = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=1.0)], steps=2)
+    elif case == "missing_log":
+        b = str(tmp_path / "bench_plain.log")
+    elif case == "unknown_mode":
+        b = _log(tmp_path / "bench_plian.log", [_phase(1024, 4, decode=1.0)])
+    elif case == "hardware":
+        b = _result(tmp_path / "b.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 1.0,
+                                                    "phases": [_phase(1024, 1, decode=1.0)]}}, hardware="A100")
+    elif case == "backend":
+        b = _result(tmp_path / "b.json", {"ours": dict(up, mode="ours", engine_kwargs={
+            "speculative_num_steps": 3, "attention_backend": "flashinfer"})})
+        a = _result(tmp_path / "a.json", {"upstream": dict(up, engine_kwargs={
+            "speculative_num_steps": 3, "attention_backend": "triton"})})
+    elif case == "log_model":
+        b = _log(tmp_path / "bench_ours.log", [_phase(1024, 4, verify=1.0)])
+        pathlib.Path(b).write_text(pathlib.Path(b).read_text().replace("kimi-k25-shard", "llama-8b"))
+    elif case == "mixed_keys":
+        b = _result(tmp_path / "b.json", {"ours@2": dict(up, mode="ours", engine_kwargs={"speculative_num_steps": 2},
+                                                         phases=[_phase(4096, 1, verify=3.0)])})
     elif case == "other":
         b = str(tmp_path / "notes.txt")
         open(b, "w").close()
