@@ -524,9 +524,10 @@ def phases_from_log(log_path: str) -> dict:
         try:
             if line.startswith("BENCH phase "):
                 ph = json.loads(line[len("BENCH phase "):])
-                if not (isinstance(ph, dict) and "context" in ph and "bs" in ph):
-                    raise ValueError("a phase without context / bs")
-                phases.append(ph)
+                if isinstance(ph, dict) and "context" in ph and "bs" in ph:
+                    phases.append(ph)
+                else:
+                    skipped += 1
             elif line.startswith("BENCH engine_kwargs "):
                 out["engine_kwargs"] = json.loads(line[len("BENCH engine_kwargs "):])
             elif line.startswith("BENCH startup ") and line.endswith("s"):
@@ -651,7 +652,7 @@ def merge_runs(paths: list) -> tuple:
         if len(vals) > 1:
             raise MergeError(f"--merge: the inputs ran different {what} {sorted(vals)}; merge runs of one "
                              "model, machine, version set and backend")
-    models = {m.get("model") for m in metas} - {None}
+    models = seen["models"]  # the JSON inputs' model names and the logs' model folders, one at most
     steps = {r.get("engine_kwargs", {}).get("speculative_num_steps") for r in modes.values()} - {None}
     keyed = {k for k in modes if "@" in k}
     if keyed and any(k not in keyed and not k.startswith("plain") for k in modes):
