@@ -252,8 +252,8 @@ def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
 
 
 def test_e2e_per_step_has_no_figure_when_the_one_token_wall_is_longer():
-    """The stored shard sweep read plain at 1k bs 1 as t1 2.7243 s, tn 0.7966 s over 47 steps: a
-    one-off in the 1-token wall gave -41.0 ms per step; that is no figure now, not a negative one."""
+    """A one-off in the 1-token wall (t1 2.7243 s against tn 0.7966 s over 47 steps) gives no
+    figure rather than a negative one (-41.0 ms per step)."""
     assert bv.e2e_ms_per_step(0.7966, 2.7243, 47) is None
     assert bv.e2e_ms_per_step(0.8302, 0.167, 47) == round(1000 * (0.8302 - 0.167) / 47, 4)
     assert bv.e2e_ms_per_step(0.5, 0.1, 0) == 400.0  # no verify step counted: over one
