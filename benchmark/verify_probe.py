@@ -54,6 +54,9 @@ def install_probe():
         if orig is None:
             return False
 
+        runner_name = cls.__name__  # the class whose execute runs: a subclass that only adds a
+        # constructor (our runner as SGLang 0.5.17+ builds it) is counted as its base
+
         @functools.wraps(orig)
         def execute(self, forward_batch, *a, **k):
             if getattr(self, "_bench_probe_active", False):  # e.g. our runner calling super().execute
@@ -71,9 +74,9 @@ def install_probe():
             try:
                 w = "draft" if self.model_runner.is_draft_worker else "target"
                 raw = getattr(self, "raw_bs", None) or forward_batch.batch_size
-                key = f"{type(self).__name__}|{w}|{forward_batch.forward_mode.name}|{raw}|{getattr(self, 'bs', '?')}"
+                key = f"{runner_name}|{w}|{forward_batch.forward_mode.name}|{raw}|{getattr(self, 'bs', '?')}"
             except Exception:
-                key = f"{type(self).__name__}|?|?|?|?"
+                key = f"{runner_name}|?|?|?|?"
             pending.append((key, s, e))
             host[key].append(round(h, 4))
             if len(pending) >= 512:

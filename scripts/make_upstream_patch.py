@@ -167,11 +167,10 @@ def _native_runner(text: str) -> str:
 
 
 def _native_capture(text: str) -> str:
-    # Natively SGLang 0.5.16 builds the runner in capture_decode_graph: the 0.5.23 constructor
-    # class (``cls(model_runner)``) has no caller.
-    text = drop_definitions(text, "verify_graph_capture", "verify_runner_cls_0523")
-    if not re.search(r"\bfunctools\.", text):
-        text = _replace_line(text, "import functools\n", "", "verify_graph_capture")
+    # Natively SGLang 0.5.16 builds the runner in capture_decode_graph: the constructor class of
+    # later releases (``cls(model_runner)``) has no caller.
+    text = drop_definitions(text, "verify_graph_capture", "VerifyCudaGraphRunnerFromModelRunner",
+                            "verify_runner_cls")
     return _name_triton_backend(text, "    if type(backend) is not adapter.triton_attn_backend_cls():",
                                 "verify_graph_capture")
 
@@ -226,7 +225,23 @@ def drop_definitions(text: str, module: str, *names: str) -> str:
 
 # ---- verify_graph_utils: the adapter's 0.5.16 branch -----------------------------------------
 ADAPTER = PLUGIN / "sglang_adapter.py"
-VERSION_FLAG = "API_0523"  # the adapter's "newer SGLang" switch: False for the pinned 0.5.16
+
+
+def version_flags() -> frozenset:
+    """The adapter's API change points: its top-level names assigned ``_since("<release>")``, each
+    True from that release on, so False for the series' 0.5.16."""
+    flags = set()
+    for node in ast.parse(ADAPTER.read_text()).body:
+        value = getattr(node, "value", None)
+        if (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name) and value.func.id == "_since"):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            flags |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return frozenset(flags)
+
+
+VERSION_FLAGS = version_flags()
+"""Read as False when the adapter is folded to its 0.5.16 branch (:func:`fold_version_flag`)."""
 
 UTILS_HEAD = '''"""SGLang accessors of the topk=1 EAGLE verify CUDA graph (``--enable-verify-cuda-graph``): the
 small reads of SGLang objects that the verify graph's modules share, which they import as
@@ -242,15 +257,16 @@ def _offset(lines: list[bytes], lineno: int, col: int) -> int:
 
 
 def fold_version_flag(src: str, where: str) -> str:
-    """``src`` (one top-level definition of ``sglang_adapter.py``) with :data:`VERSION_FLAG` read
-    as False: ``if FLAG:`` blocks without ``else`` dropped, ``A if FLAG else B`` -> ``B``,
-    ``not FLAG`` -> ``True``. Any other use of the flag stops the script."""
+    """``src`` (one top-level definition of ``sglang_adapter.py``) with every name of
+    :data:`VERSION_FLAGS` read as False: ``if FLAG:`` blocks without ``else`` dropped,
+    ``A if FLAG else B`` -> ``B``, ``not FLAG`` -> ``True``. Any other use of a flag stops the
+    script."""
     raw = src.encode()
     lines = raw.splitlines(keepends=True)
     edits = []  # (start, end, replacement) byte offsets
 
     def is_flag(node) -> bool:
-        return isinstance(node, ast.Name) and node.id == VERSION_FLAG
+        return isinstance(node, ast.Name) and node.id in VERSION_FLAGS
 
     tree = ast.parse(src)
     handled = set()
@@ -270,7 +286,7 @@ def fold_version_flag(src: str, where: str) -> str:
                           _offset(lines, node.end_lineno, node.end_col_offset), b"True"))
             handled.add(id(node.operand))
     if any(is_flag(n) and id(n) not in handled for n in ast.walk(tree)):
-        raise AnchorError(f"sglang_adapter.py: {where} reads {VERSION_FLAG} in a way the native "
+        raise AnchorError(f"sglang_adapter.py: {where} reads a change point in a way the native "
                           "rewrite does not fold (if-without-else, conditional expression, not)")
     for start, end, new in sorted(edits, reverse=True):
         raw = raw[:start] + new + raw[end:]

@@ -8,7 +8,6 @@ stops a start that would silently serve upstream's runner with the flag on, and
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Callable, Optional
 
@@ -65,8 +64,8 @@ def execute_draft_extend(execute: Callable, runner, forward_batch, *args, **kwar
     runner ``runner`` (``EAGLEDraftExtendCudaGraphRunner.execute``, unbound), returning what it
     returns. When ``runner``'s backend is ``ChainDraftExtendTritonBackend`` and counters are
     installed, the replay is counted (``raw_bs`` padded to ``bs``) and passed to the runner's
-    probe (:func:`draft_extend_probe`); ``select_index`` (SGLang 0.5.23's second argument: the
-    selected row of each request) goes to the probe with the output."""
+    probe (:func:`draft_extend_probe`); ``select_index`` (the second argument from SGLang 0.5.20
+    on: the selected row of each request) goes to the probe with the output."""
     counters = get_counters()
     if counters is None or not _holds(runner, "draft_extend_attn_backend", ChainDraftExtendTritonBackend):
         return execute(runner, forward_batch, *args, **kwargs)
@@ -74,7 +73,10 @@ def execute_draft_extend(execute: Callable, runner, forward_batch, *args, **kwar
     probe.before_execute(runner, forward_batch)
     out = execute(runner, forward_batch, *args, **kwargs)
     counters.count_draft_extend_replay(runner.bs, runner.raw_bs)
-    probe.after_execute(runner, forward_batch, out, args[0] if args else kwargs.get("select_index"))
+    select_index = None
+    if adapter.DRAFT_EXTEND_SELECT_INDEX:
+        select_index = args[0] if args else kwargs.get("select_index")
+    probe.after_execute(runner, forward_batch, out, select_index)
     return out
 
 
@@ -182,20 +184,23 @@ def capture_verify_runner(model_runner, build: Callable = VerifyCudaGraphRunner)
     return runner, before - after
 
 
-@functools.lru_cache(maxsize=None)
-def verify_runner_cls_0523():
-    """``VerifyCudaGraphRunner`` constructible as SGLang 0.5.23 builds a decode-graph runner,
-    ``cls(model_runner)``: config and counters come from the chain backend, capture is timed and
-    its GPU memory counted as on 0.5.16 (:func:`capture_verify_runner`). Raises RuntimeError on
-    keyword arguments (a constructor call this class was not written for)."""
+class VerifyCudaGraphRunnerFromModelRunner(VerifyCudaGraphRunner):
+    """``VerifyCudaGraphRunner`` built as SGLang 0.5.17 and later build a decode-graph runner,
+    ``cls(model_runner)``: config and counters come from the chain backend (or the flag's config),
+    capture is timed and its GPU memory counted by :func:`capture_verify_runner`. Raises
+    RuntimeError on keyword arguments (a constructor call this class was not written for)."""
 
-    class VerifyCudaGraphRunnerV0523(VerifyCudaGraphRunner):
-        __doc__ = VerifyCudaGraphRunner.__doc__
+    def __init__(self, model_runner, **kwargs):
+        if kwargs:
+            raise RuntimeError(f"VerifyCudaGraphRunner: unexpected arguments {sorted(kwargs)}")
+        capture_verify_runner(model_runner, self._build)
 
-        def __init__(self, model_runner, **kwargs):
-            if kwargs:
-                raise RuntimeError(f"VerifyCudaGraphRunner: unexpected arguments {sorted(kwargs)}")
-            capture_verify_runner(
-                model_runner, lambda mr, cfg, counters: VerifyCudaGraphRunner.__init__(self, mr, cfg, counters))
+    def _build(self, model_runner, cfg, counters):
+        VerifyCudaGraphRunner.__init__(self, model_runner, cfg, counters)
+        return self
 
-    return VerifyCudaGraphRunnerV0523
+
+def verify_runner_cls() -> type:
+    """The runner class ``ModelRunner._decode_cuda_graph_runner_cls`` returns for a target the
+    verify graph serves (SGLang 0.5.17 on)."""
+    return VerifyCudaGraphRunnerFromModelRunner

@@ -7,19 +7,19 @@
 * AROUND hooks as ``hook(original, *args, **kwargs)``; for a classmethod target
   ``original`` is the plain function and ``args[0]`` is the class.
 
-Targets (sglang 0.5.16; 0.5.23 validates in ``resolve_once`` instead of ``__post_init__``):
+Targets (SGLang 0.5.19 and later validate in ``resolve_once`` instead of ``__post_init__``):
 
 ============================================================  ======  ==========================
 ``sglang.srt.server_args.ServerArgs.add_cli_args``            AFTER   :func:`add_cli_args_hook`
 ``sglang.srt.server_args.ServerArgs.from_cli_args``           AROUND  :func:`from_cli_args_hook`
-``sglang.srt.server_args.ServerArgs.__post_init__`` (0.5.16)  AFTER   :func:`post_init_hook`
-``sglang.srt.server_args.ServerArgs.resolve_once`` (0.5.23)   AFTER   :func:`resolve_once_hook`
+``sglang.srt.server_args.ServerArgs.__post_init__`` (<0.5.19)  AFTER  :func:`post_init_hook`
+``sglang.srt.server_args.ServerArgs.resolve_once`` (>=0.5.19)  AFTER  :func:`resolve_once_hook`
 ============================================================  ======  ==========================
 
-:func:`post_init_hook` (0.5.16) / :func:`resolve_once_hook` (0.5.23) is the single validation
+:func:`post_init_hook` (before 0.5.19) / :func:`resolve_once_hook` (0.5.19 on) is the single validation
 point for both the CLI (``python -m sglang.launch_server ... --enable-verify-cuda-graph``) and the
 Python API (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` + ``sglang.Engine(**kwargs)``): the place where
-that SGLang version resolves the server arguments. On 0.5.23 validation reads the resolved view
+that SGLang version resolves the server arguments. From 0.5.19 validation reads the resolved view
 (``sglang_adapter.resolved``), since the record's fields keep the raw input.
 """
 
@@ -49,7 +49,7 @@ DEST = "enable_verify_cuda_graph"
 """``argparse`` destination of :data:`~sglang_verify_graph.config.FLAG`."""
 
 ATTR_FROM_CLI = "_verify_cuda_graph_from_cli"
-"""0.5.23: underscore attribute marking a record built by ``from_cli_args`` while the feature was
+"""0.5.19 on: underscore attribute marking a record built by ``from_cli_args`` while the feature was
 requested, so the later validation (``resolve_once``) ends the launcher with one line."""
 
 
@@ -132,7 +132,7 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
         cls: the ``ServerArgs`` class.
         args: the parsed ``argparse.Namespace``.
 
-    On sglang 0.5.23 ``original`` returns an *unresolved* record, so nothing is
+    From sglang 0.5.19 ``original`` returns an *unresolved* record, so nothing is
     validated here; the record is marked (:data:`ATTR_FROM_CLI`) and
     :func:`resolve_once_hook` validates it once SGLang resolves it.
 
@@ -172,7 +172,7 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
                 # Validate here too, in case no post-init hook is installed.
                 post_init_hook(None, server_args)
         if not adapter.VALIDATES_AT_CONSTRUCTION:
-            # 0.5.23: the record is still unresolved; the validation hooks judge it later (a
+            # 0.5.19 on: the record is still unresolved; the validation hooks judge it later (a
             # malformed SGLANG_VERIFY_GRAPH_* variable too, flag or not) and end in one line.
             setattr(server_args, ATTR_FROM_CLI, True)
     except VerifyGraphConfigError as err:
@@ -214,13 +214,13 @@ def post_init_hook(result: Any, server_args: Any) -> None:
 
 
 def pre_resolution_hook(server_args: Any, *args, **kwargs) -> None:
-    """BEFORE hook on the validation point (0.5.16 ``ServerArgs.__post_init__``, 0.5.23
-    ``ServerArgs.resolve_once``): :func:`~sglang_verify_graph.config.check_given` on the values as
-    given, before SGLang's resolution (which needs an accelerator) can fail first.
+    """BEFORE hook on the validation point (``ServerArgs.__post_init__`` before 0.5.19,
+    ``ServerArgs.resolve_once`` from 0.5.19): :func:`~sglang_verify_graph.config.check_given` on the
+    values as given, before SGLang's resolution (which needs an accelerator) can fail first.
 
     Raises:
-        SystemExit: code 2 after one line ``error: <message>`` on stderr when a 0.5.23 record was
-            built from the command line (:data:`ATTR_FROM_CLI`; on 0.5.16 ``from_cli_args_hook``
+        SystemExit: code 2 after one line ``error: <message>`` on stderr when a 0.5.19+ record was
+            built from the command line (:data:`ATTR_FROM_CLI`; before 0.5.19 ``from_cli_args_hook``
             turns the error into that line).
         VerifyGraphConfigError: otherwise, on a conflicting given setting.
     """
@@ -244,15 +244,15 @@ def _exit_if_from_cli(server_args: Any, check: Callable, *args) -> None:
 
 
 def resolve_once_hook(result: Any, server_args: Any) -> None:
-    """AFTER hook on ``ServerArgs.resolve_once(self)`` (sglang 0.5.23): validate when enabled.
+    """AFTER hook on ``ServerArgs.resolve_once(self)`` (sglang 0.5.19 on): validate when enabled.
 
-    0.5.23 resolves server arguments in ``resolve_once()`` (called by the launcher, by
+    0.5.19 and later resolve server arguments in ``resolve_once()`` (called by the launcher, by
     ``sglang.Engine`` and again, as a no-op, in every scheduler process), not in
     ``__post_init__``. Runs :func:`post_init_hook` on the record (which reads the resolved view).
 
     Raises:
         SystemExit: code 2 after one line ``error: <message>`` on stderr when the record was
-            built from the command line (:data:`ATTR_FROM_CLI`), as on 0.5.16.
+            built from the command line (:data:`ATTR_FROM_CLI`), as before 0.5.19.
         VerifyGraphConfigError: otherwise (``sglang.Engine(**kwargs)``), from the constructor.
     """
     _exit_if_from_cli(server_args, post_init_hook, None, server_args)

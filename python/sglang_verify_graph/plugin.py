@@ -14,12 +14,12 @@ Hooks (``HookRegistry`` kinds: AFTER ``hook(result, *args, **kwargs)``, AROUND
 
 * CLI (every process), bodies in ``cli.py``: ``ServerArgs.add_cli_args`` AFTER (the flags),
   ``ServerArgs.from_cli_args`` AROUND (records them, one-line errors), the validation point
-  (0.5.16 ``ServerArgs.__post_init__`` / 0.5.23 ``ServerArgs.resolve_once``; BEFORE: the given
+  (``ServerArgs.__post_init__`` before 0.5.19, ``ServerArgs.resolve_once`` from 0.5.19; BEFORE: the given
   values, so the one line comes first on a machine without a GPU; AFTER: the resolved ones) and
   ``ConfigArgumentMerger.merge_config_with_args`` AROUND (``--config`` YAML conflicts).
 * Runtime (where the flag is on), bodies here: SGLang's ``triton`` attention factory (the EAGLE
-  topk=1 target gets ``ChainVerifyTritonBackend``); 0.5.16 ``capture_decode_graph`` / 0.5.23
-  ``ModelRunner._decode_cuda_graph_runner_cls`` AROUND (the target gets
+  topk=1 target gets ``ChainVerifyTritonBackend``); ``capture_decode_graph`` (before 0.5.17) /
+  ``ModelRunner._decode_cuda_graph_runner_cls`` (0.5.17 on) AROUND (the target gets
   ``VerifyCudaGraphRunner``); ``ModelRunner._forward_raw`` AROUND (counts each verify that did
   not replay our graph, and eager draft extends); ``EAGLEWorkerV2.verify`` AROUND (SGLang's own
   count of verify steps, the counters' cross-check); ``DraftBackendFactory.create_draft_extend_backend``
@@ -72,7 +72,7 @@ def triton_factory(original: Callable) -> Callable:
 
 
 def capture_decode_graph_hook(original: Callable, *args, **kwargs):
-    """0.5.16, AROUND ``capture_decode_graph(model_runner=...)``: capture VerifyCudaGraphRunner
+    """Before 0.5.17, AROUND ``capture_decode_graph(model_runner=...)``: capture VerifyCudaGraphRunner
     for the EAGLE topk=1 target whose attention backend the verify graph serves
     (``capture.verify_runner_kind``); otherwise upstream's."""
     model_runner = kwargs.get("model_runner", args[0] if args else None)
@@ -85,13 +85,13 @@ def capture_decode_graph_hook(original: Callable, *args, **kwargs):
 
 
 def decode_runner_cls_hook(original: Callable, model_runner, *args, **kwargs):
-    """0.5.23, AROUND ``ModelRunner._decode_cuda_graph_runner_cls(self)``: the EAGLE topk=1
+    """0.5.17 on, AROUND ``ModelRunner._decode_cuda_graph_runner_cls(self)``: the EAGLE topk=1
     target whose attention backend the verify graph serves gets our runner class; otherwise
     upstream's."""
     cls = original(model_runner, *args, **kwargs)
     capture = _capture()
     if capture.verify_runner_kind(model_runner) is not None and adapter.is_eagle_topk1_target(model_runner):
-        return capture.verify_runner_cls_0523()
+        return capture.verify_runner_cls()
     capture.refuse_if_flag_lost(model_runner)
     return cls
 
@@ -186,7 +186,7 @@ def top_k_renorm_hook(original: Callable, *args, **kwargs):
 
 # ---- hook tables ----------------------------------------------------------------------------
 def cli_hooks() -> list[Hook]:
-    validate = cli.resolve_once_hook if adapter.API_0523 else cli.post_init_hook
+    validate = cli.resolve_once_hook if adapter.RESOLVE_ONCE else cli.post_init_hook
     return [
         (adapter.ADD_CLI_ARGS, cli.add_cli_args_hook, adapter.HookType.AFTER),
         (adapter.FROM_CLI_ARGS, cli.from_cli_args_hook, adapter.HookType.AROUND),
@@ -197,7 +197,7 @@ def cli_hooks() -> list[Hook]:
 
 
 def runtime_hooks() -> list[Hook]:
-    graph = ((adapter.DECODE_RUNNER_CLS, decode_runner_cls_hook, adapter.HookType.AROUND) if adapter.API_0523
+    graph = ((adapter.DECODE_RUNNER_CLS, decode_runner_cls_hook, adapter.HookType.AROUND) if adapter.RUNNER_CLS_HOOK
              else (adapter.CAPTURE_DECODE_GRAPH, capture_decode_graph_hook, adapter.HookType.AROUND))
     return [
         graph,
@@ -246,13 +246,39 @@ def install(runtime: bool, profile: bool = False, sync_check: bool = False) -> l
     return missing
 
 
+def unsupported_release_line() -> str:
+    """The one line a request for the plugin gets on an SGLang release outside
+    ``sglang_adapter.SUPPORTED_RANGE``."""
+    lo, hi = adapter.SUPPORTED_RANGE
+    return (f"error: {FLAG}: sglang {adapter.SGLANG_VERSION} is not supported by this plugin "
+            f"(supported: sglang {lo} to {hi}). Fix: install sglang>={lo},<={hi}, or remove {FLAG}.")
+
+
+def _requested(env) -> bool:
+    """Whether this process asks for the plugin: the flag or the profile on the command line, or
+    any feature switch of ``env`` (an ``EnvSettings``; ``None``: a malformed variable)."""
+    return (env is None or env.enable or env.profile_every > 0 or env.sync_check
+            or adapter.argv_requests_flag(FLAG) or adapter.argv_requests_flag(cli.PROFILE_FLAG))
+
+
 def register() -> None:
     """Install and verify the plugin's hooks (the per-phase profile hooks where
     ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0). Raises SystemExit(1) when the flag or the profile
-    is requested (command line or environment) but a hook did not take effect. A malformed
-    ``SGLANG_VERIFY_GRAPH_*`` variable installs the CLI hooks only, so that the server-args
-    validation reports it (one line and exit 2 on the command line, ``VerifyGraphConfigError`` from
-    ``sglang.Engine``)."""
+    is requested (command line or environment) but a hook did not take effect, or the installed
+    SGLang is outside ``sglang_adapter.SUPPORTED_RANGE`` (one line, :func:`unsupported_release_line`);
+    outside the range, a process that does not ask for the plugin gets nothing from it: no hook,
+    no output. A malformed ``SGLANG_VERIFY_GRAPH_*`` variable installs the CLI hooks only, so that
+    the server-args validation reports it (one line and exit 2 on the command line,
+    ``VerifyGraphConfigError`` from ``sglang.Engine``)."""
+    if not adapter.IN_RANGE:
+        try:
+            env = read_env()
+        except VerifyGraphConfigError:
+            env = None
+        if _requested(env):
+            print(unsupported_release_line(), file=sys.stderr)
+            raise SystemExit(1)
+        return
     try:
         env = read_env()
     except VerifyGraphConfigError as e:  # a malformed SGLANG_VERIFY_GRAPH_* variable
@@ -270,10 +296,11 @@ def register() -> None:
         logger.info("sglang_verify_graph: hooks installed (runtime=%s, profile=%s, sync_check=%s)",
                     env.enable, profile, env.sync_check)
         return
+    lo, hi = adapter.SUPPORTED_RANGE
     msg = (f"error: {FLAG}: the plugin could not hook into this SGLang version "
-           f"(sglang {adapter.SGLANG_VERSION}; supported: {', '.join(adapter.SUPPORTED_VERSIONS)}); "
+           f"(sglang {adapter.SGLANG_VERSION}; supported: {lo} to {hi}); "
            f"not applied: {'; '.join(missing)}")
-    if env.enable or profile or env.sync_check or adapter.argv_requests_flag(FLAG):
+    if _requested(env):
         print(msg, file=sys.stderr)
         raise SystemExit(1)
     logger.error(msg)

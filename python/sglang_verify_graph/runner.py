@@ -87,7 +87,7 @@ class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):
         width = getattr(spec, "num_tokens_per_req", 0)  # 0 also when spec_info is None
         if width > 0 and width != self.captured_req_width:
             return C.REASON_WIDTH, f"{width} != {self.captured_req_width}"
-        bs = (max(forward_batch.original_global_num_tokens_cpu) if self.require_mlp_tp_gather
+        bs = (adapter.dp_batch_size(self, forward_batch) if self.require_mlp_tp_gather
               else forward_batch.batch_size)
         if self.disable_padding and bs not in self.capture_bs:
             return C.REASON_BS_NOT_CAPTURED, (f"bs={bs} not in capture_bs with "
@@ -99,7 +99,7 @@ class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):
             return C.REASON_DP_SYNC, ""
         if self.enable_two_batch_overlap and not forward_batch.can_run_tbo:
             return C.REASON_TBO, ""
-        if not adapter.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE:  # sglang 0.5.23: no hidden-mode refusal
+        if not adapter.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE:  # sglang 0.5.17 on: no hidden-mode refusal
             return C.REASON_OTHER, ""
         return C.REASON_HIDDEN_MODE, f"graph captured {self.capture_hidden_mode.name}"
 

@@ -246,7 +246,7 @@ class DraftExtendProbe:
 
     def after_execute(self, runner, forward_batch, graph_out, select_index=None) -> None:
         """After ``execute`` returned (``graph_out``: real rows' logits and hidden states, every
-        token's, or with ``select_index`` (SGLang 0.5.23) the selected token of each request)."""
+        token's, or with ``select_index`` (SGLang 0.5.20 on) the selected token of each request)."""
 
 
 NO_DRAFT_EXTEND_PROBE = DraftExtendProbe()

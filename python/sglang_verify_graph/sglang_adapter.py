@@ -1,16 +1,18 @@
-"""The bottom layer: everything that is specific to an SGLang version, and the only module (with
-``sglang_adapter_v0523``, which only it imports) that touches ``sglang.srt``. It imports nothing
-from this package, so every other module may import it.
+"""The bottom layer: everything that is specific to an SGLang version, and the only module that
+touches ``sglang.srt``. It imports nothing from this package, so every other module may import it.
 
-It holds SGLang version facts (:data:`SGLANG_VERSION`, :data:`API_0523`, ...), the dotted names
-of the SGLang functions the plugin hooks (:data:`CAPTURE_DECODE_GRAPH`, :data:`VERIFY`, ...),
-accessors for SGLang objects whose spelling differs between versions (:func:`resolved`,
-:func:`kv_write_loc`, ...) and the hook-registry mechanics (:func:`install_hooks`). What is done
-at each hook lives above it (``plugin.py`` installs; ``cli.py``, ``profile_hooks.py`` and the core
-modules hold the bodies). Supports sglang 0.5.16 and 0.5.23; every version before 0.5.23 takes
-the 0.5.16 paths. Heavy SGLang modules are imported inside functions, so that the HTTP main
-process (which loads plugins before parsing arguments) imports only ``server_args`` and the hook
-registry.
+It holds SGLang version facts (:data:`SGLANG_VERSION`, :data:`SUPPORTED_RANGE` and one boolean per
+API change point, e.g. :data:`RESOLVE_ONCE`), the dotted names of the SGLang functions the plugin
+hooks (:data:`DECODE_RUNNER_CLS`, :data:`VERIFY`, ...), accessors for SGLang objects whose
+spelling differs between releases (:func:`resolved`, :func:`kv_write_loc`, ...) and the
+hook-registry mechanics (:func:`install_hooks`). What is done at each hook lives above it
+(``plugin.py`` installs; ``cli.py``, ``profile_hooks.py`` and the core modules hold the bodies).
+
+Supports every SGLang release from 0.5.16 to 0.5.23. Each change point below names the first
+release that has it, as read in each release's source; a release in the range takes every path
+whose change point it has reached. Heavy SGLang modules are imported inside functions, so that the
+HTTP main process (which loads plugins before parsing arguments) imports only ``server_args`` and
+the hook registry.
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 __all__ = ["HookType"]
 
-SUPPORTED_VERSIONS = ("0.5.16", "0.5.23")
-"""SGLang versions this plugin is written and tested against (see README)."""
-
 
 def _version_tuple(text: str) -> tuple:
+    """``(major, minor, patch)`` of a version string (``"0.5.23.post1"`` -> ``(0, 5, 23)``;
+    local and pre-release tails ignored)."""
     parts = []
     for piece in str(text).split("+")[0].split(".")[:3]:
         digits = re.match(r"\d*", piece).group()
@@ -38,31 +39,71 @@ def _version_tuple(text: str) -> tuple:
     return tuple(parts + [0] * (3 - len(parts)))
 
 
+SUPPORTED_RANGE = ("0.5.16", "0.5.23")
+"""The oldest and newest SGLang release this plugin supports, inclusive (``pyproject.toml``'s
+dependency range says the same: a CPU test compares them)."""
+
+SUPPORTED_VERSIONS = tuple(f"0.5.{n}" for n in range(16, 24))
+"""Every release in :data:`SUPPORTED_RANGE`, oldest first."""
+
 SGLANG_VERSION: str = str(getattr(sglang, "__version__", "0"))
 """``sglang.__version__`` of the installed SGLang, read once at import."""
 
-API_0523: bool = _version_tuple(SGLANG_VERSION) >= (0, 5, 23)
-"""True on sglang >= 0.5.23 (msgspec ServerArgs, resolution views, runner-class hook)."""
+_INSTALLED = _version_tuple(SGLANG_VERSION)
 
-VALIDATES_AT_CONSTRUCTION: bool = not API_0523
-"""0.5.16 resolves ServerArgs in ``__post_init__``; 0.5.23 only in ``resolve_once()``."""
+IN_RANGE: bool = _version_tuple(SUPPORTED_RANGE[0]) <= _INSTALLED <= _version_tuple(SUPPORTED_RANGE[1])
+"""Whether the installed SGLang is a supported release (post releases of one count as it)."""
 
-CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE: bool = not API_0523
-"""0.5.16's ``can_run_graph`` refuses a capture-hidden-mode mismatch; 0.5.23 fixes the mode at
-capture and has no such check."""
+
+def _since(release: str) -> bool:
+    """Whether the installed SGLang is ``release`` or newer."""
+    return _INSTALLED >= _version_tuple(release)
+
+
+# ---- API change points (first release with the change) ---------------------------------------
+RUNNER_CLS_HOOK: bool = _since("0.5.17")
+"""0.5.17: ``capture_decode_graph`` builds the decode-graph runner as
+``model_runner._decode_cuda_graph_runner_cls()(model_runner)`` and returns ``GraphCapture``
+(``DecodeGraphCapture`` is gone); the runner's ``can_run_graph`` no longer refuses a
+capture-hidden-mode mismatch (the mode is fixed at capture)."""
+
+DP_BATCH_SIZE_HELPER: bool = _since("0.5.18")
+"""0.5.18: ``can_run_graph`` takes the DP batch size from ``_max_dp_batch_size(forward_batch)``
+(which raises on missing per-rank counts) instead of ``max(original_global_num_tokens_cpu)``."""
+
+RESOLVE_ONCE: bool = _since("0.5.19")
+"""0.5.19: ``ServerArgs.__post_init__`` resolves nothing; ``resolve_once()`` runs the resolution
+pipeline, the record keeps the operator's raw input and decisions are read through
+``resolving_view``; the ``--config`` merger moved to ``sglang.srt.utils.server_args_config_parser``;
+``ForwardBatch.can_run_dp_cuda_graph`` became ``can_run_decode_cuda_graph``; the triton backend's
+``_translate_kv_loc`` became ``kv_index_translator``."""
+
+DRAFT_EXTEND_SELECT_INDEX: bool = _since("0.5.20")
+"""0.5.20: ``EAGLEDraftExtendCudaGraphRunner.execute(forward_batch, select_index)`` (one argument
+before)."""
+
+KV_WRITE_LOC_FOR_BATCH: bool = _since("0.5.22")
+"""0.5.22: ``KVWriteLoc`` carries a ``physical`` mark and is built with
+``KVWriteLoc.for_batch(forward_batch)``."""
+
+VALIDATES_AT_CONSTRUCTION: bool = not RESOLVE_ONCE
+"""Before 0.5.19 ``ServerArgs.__post_init__`` resolves the record in place."""
+
+CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE: bool = not RUNNER_CLS_HOOK
+"""Before 0.5.17 ``can_run_graph`` refuses a capture-hidden-mode mismatch."""
 
 # ---- hook targets (dotted names resolved by SGLang's HookRegistry) --------------------------
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 ADD_CLI_ARGS = f"{SERVER_ARGS}.add_cli_args"
 FROM_CLI_ARGS = f"{SERVER_ARGS}.from_cli_args"
-VALIDATION_POINT = f"{SERVER_ARGS}.resolve_once" if API_0523 else f"{SERVER_ARGS}.__post_init__"
+VALIDATION_POINT = f"{SERVER_ARGS}.resolve_once" if RESOLVE_ONCE else f"{SERVER_ARGS}.__post_init__"
 """Where the version resolves server arguments, for the CLI and ``sglang.Engine`` alike."""
-CONFIG_MERGER = ("sglang.srt.utils.server_args_config_parser" if API_0523
+CONFIG_MERGER = ("sglang.srt.utils.server_args_config_parser" if RESOLVE_ONCE
                  else "sglang.srt.server_args_config_parser") + ".ConfigArgumentMerger.merge_config_with_args"
 CAPTURE_DECODE_GRAPH = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph"
-"""0.5.16: builds the decode-graph runner of a model runner."""
+"""Before 0.5.17: builds the decode-graph runner of a model runner."""
 DECODE_RUNNER_CLS = "sglang.srt.model_executor.model_runner.ModelRunner._decode_cuda_graph_runner_cls"
-"""0.5.23: picks the decode-graph runner class, built as ``cls(model_runner)``."""
+"""0.5.17 on: picks the decode-graph runner class, built as ``cls(model_runner)``."""
 FORWARD_RAW = "sglang.srt.model_executor.model_runner.ModelRunner._forward_raw"
 """Dispatches one forward to the decode graph, the prefill graph or the eager runner."""
 BUILD_VERIFY_INPUT = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
@@ -84,18 +125,17 @@ TOP_K_RENORM = "sgl_kernel.top_k_renorm_prob"
 module attribute sees every call."""
 
 
-def _v0523():
-    from sglang_verify_graph import sglang_adapter_v0523
-
-    return sglang_adapter_v0523
-
-
 # ---- server args ----------------------------------------------------------------------------
 def resolved(server_args: Any) -> Any:
-    """Read view of the *resolved* server arguments. 0.5.16: the object itself (``__post_init__``
-    resolves in place). 0.5.23: SGLang's ``resolving_view`` (the record keeps the operator's raw
-    input; resolution decisions live in declarations over it)."""
-    return _v0523().resolved(server_args) if API_0523 else server_args
+    """Read view of the *resolved* server arguments. Before 0.5.19: the object itself
+    (``__post_init__`` resolves in place). 0.5.19 on: SGLang's ``resolving_view`` (the record
+    keeps the operator's raw input; resolution decisions live in declarations over it, e.g.
+    ``NEXTN`` stays in the field and the view says ``EAGLE``)."""
+    if RESOLVE_ONCE:
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        return resolving_view(server_args)
+    return server_args
 
 
 def load_plugins() -> None:
@@ -140,7 +180,7 @@ def decode_cuda_graph_runner_cls():
 
 
 def decode_graph_capture(runner, graph_mem_gib: float):
-    """0.5.16: what ``capture_decode_graph`` returns (``DecodeGraphCapture``)."""
+    """Before 0.5.17: what ``capture_decode_graph`` returns (``DecodeGraphCapture``)."""
     from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import DecodeGraphCapture
 
     return DecodeGraphCapture(runner=runner, graph_mem_usage=graph_mem_gib)
@@ -162,26 +202,35 @@ def qlen_only_tree_mask_mode():
 
 def kv_write_loc(forward_batch):
     """The KV write target of this forward's ``out_cache_loc`` (``KVWriteLoc``)."""
-    if API_0523:
-        return _v0523().kv_write_loc(forward_batch)
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+    if KV_WRITE_LOC_FOR_BATCH:
+        return KVWriteLoc.for_batch(forward_batch)
     return KVWriteLoc(forward_batch.out_cache_loc, None, full_loc=None)
 
 
 def kv_translation_active(backend) -> bool:
     """Whether the page table holds virtual slot ids that kernels must translate (unified pool).
     The chain kernel reads ``req_to_token`` directly, so it refuses such a pool."""
-    if API_0523:
-        return _v0523().kv_translation_active(backend)
+    if RESOLVE_ONCE:
+        return bool(getattr(backend.kv_index_translator, "is_translating", False))
     return backend._translate_kv_loc is not None
 
 
 def can_run_dp(forward_batch) -> bool:
-    """The DP-attention vote that the batch may replay a graph (0.5.23 renamed the field)."""
-    if API_0523:
+    """The DP-attention vote that the batch may replay a graph (0.5.19 renamed the field)."""
+    if RESOLVE_ONCE:
         return bool(forward_batch.can_run_decode_cuda_graph)
     return bool(forward_batch.can_run_dp_cuda_graph)
+
+
+def dp_batch_size(runner, forward_batch) -> int:
+    """The batch size a DP-attention (MLP-sync) replay is padded for, as ``can_run_graph`` of
+    ``runner`` (a ``DecodeCudaGraphRunner``) computes it: the largest per-rank request count.
+    Raises RuntimeError (0.5.18 on) when the batch carries no per-rank counts."""
+    if DP_BATCH_SIZE_HELPER:
+        return runner._max_dp_batch_size(forward_batch)
+    return max(forward_batch.original_global_num_tokens_cpu)
 
 
 def logit_cap(layer) -> float:
@@ -267,15 +316,16 @@ def install_hooks(hooks: Iterable[tuple[str, Callable, HookType]]) -> list[str]:
     return the targets that did NOT take effect (empty when all is well), each with the reason
     when its name no longer resolves. SGLang swallows plugin errors, so the caller must act on a
     non-empty answer."""
-    hooks = list(hooks)
+    missing, resolvable = [], []
     for target, hook, kind in hooks:
+        try:  # a target that does not resolve is never registered: SGLang would log a traceback
+            obj_path, attr = target.rsplit(".", 1)
+            getattr(pkgutil.resolve_name(obj_path), attr)
+        except Exception as e:  # the target moved in this SGLang version
+            missing.append(f"{target} ({type(e).__name__}: {e})")
+            continue
+        resolvable.append((target, hook))
         HookRegistry.register(target, hook, kind)
     _apply_registered_hooks_now()
-    missing = []
-    for target, hook, _ in hooks:
-        try:
-            if not _is_applied(target, hook):
-                missing.append(target)
-        except Exception as e:  # resolution failed: the target moved in this SGLang version
-            missing.append(f"{target} ({type(e).__name__}: {e})")
+    missing += [target for target, hook in resolvable if not _is_applied(target, hook)]
     return missing

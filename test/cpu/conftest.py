@@ -104,7 +104,7 @@ def real_args(tiny_model_dirs, restore_environ):
     """``real_args(**overrides)`` -> a resolved ServerArgs for EAGLE3 topk 1, triton, on CPU."""
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_verify_graph.sglang_adapter import API_0523, resolved
+    from sglang_verify_graph.sglang_adapter import RESOLVE_ONCE, resolved
 
     target, draft = tiny_model_dirs
 
@@ -117,7 +117,7 @@ def real_args(tiny_model_dirs, restore_environ):
         )
         kwargs.update(overrides)
         server_args = ServerArgs(**kwargs)
-        if API_0523:  # 0.5.23 resolves in resolve_once(), and its fields keep the raw input
+        if RESOLVE_ONCE:  # 0.5.19 on: resolve_once() resolves, and the fields keep the raw input
             server_args.resolve_once()
         return resolved(server_args)
 

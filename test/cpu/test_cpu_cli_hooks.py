@@ -6,7 +6,7 @@ import os
 import pytest
 
 from sglang_verify_graph import cli
-from sglang_verify_graph.sglang_adapter import API_0523
+from sglang_verify_graph.sglang_adapter import RESOLVE_ONCE
 from sglang_verify_graph.config import (
     ATTR_CONFIG,
     ATTR_ENABLE,
@@ -65,10 +65,10 @@ def test_help_text_names_requirements(real_parser):
 
 
 def test_yaml_config_file_can_set_the_flag(real_parser, tmp_path):
-    try:  # sglang 0.5.16
-        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
-    except ImportError:  # sglang 0.5.23
+    if RESOLVE_ONCE:  # 0.5.19 moved the merger
         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+    else:
+        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
 
     cli.add_cli_args_hook(None, real_parser)
     cfg = tmp_path / "serve.yaml"
@@ -121,7 +121,7 @@ def test_from_cli_args_prints_one_line_and_exits_2(server_args_cls, capsys):
                    "Fix: pass --speculative-eagle-topk 1.\n")
 
 
-@pytest.mark.skipif(API_0523, reason="sglang 0.5.23: from_cli_args returns an unresolved record; "
+@pytest.mark.skipif(RESOLVE_ONCE, reason="sglang 0.5.19+: from_cli_args returns an unresolved record; "
                     "validation runs in resolve_once (test_resolve_once_hook_*)")
 def test_from_cli_args_validates_even_without_post_init_hook(server_args_cls, make_args,
                                                               capsys):
@@ -174,11 +174,11 @@ def test_post_init_hook_skips_unresolved_placeholders(make_args, monkeypatch, pa
     assert not hasattr(args, ATTR_CONFIG)
 
 
-# ---- sglang 0.5.23: validation in resolve_once ------------------------------------------------
-only_0523 = pytest.mark.skipif(not API_0523, reason="sglang 0.5.16 validates in __post_init__")
+# ---- sglang 0.5.19 on: validation in resolve_once ---------------------------------------------
+only_resolve_once = pytest.mark.skipif(not RESOLVE_ONCE, reason="before 0.5.19 sglang validates in __post_init__")
 
 
-@only_0523
+@only_resolve_once
 def test_from_cli_args_marks_record_instead_of_validating(server_args_cls, make_args):
     bad = make_args(speculative_eagle_topk=2, **{ATTR_ENABLE: False})
     result = cli.from_cli_args_hook(lambda cls, args: bad, server_args_cls,
@@ -188,10 +188,10 @@ def test_from_cli_args_marks_record_instead_of_validating(server_args_cls, make_
     assert not hasattr(bad, ATTR_CONFIG)  # nothing validated yet: the record is unresolved
 
 
-@only_0523
+@only_resolve_once
 def test_from_cli_args_marks_every_record_but_judges_nothing_when_off(server_args_cls, make_args,
                                                                       monkeypatch):
-    """0.5.23: every command-line record is marked, so a refusal found later (a malformed
+    """0.5.19 on: every command-line record is marked, so a refusal found later (a malformed
     SGLANG_VERIFY_GRAPH_* variable, flag or not) ends in one line; with the flag off and a clean
     environment the validation hooks refuse nothing, whatever the other settings."""
     monkeypatch.delenv(ENV_ENABLE, raising=False)
@@ -203,7 +203,7 @@ def test_from_cli_args_marks_every_record_but_judges_nothing_when_off(server_arg
     assert cli.resolve_once_hook(None, record) is None
 
 
-@only_0523
+@only_resolve_once
 def test_resolve_once_hook_cli_record_prints_one_line_and_exits_2(make_args, capsys):
     bad = make_args(speculative_eagle_topk=2, **{cli.ATTR_FROM_CLI: True})
     with pytest.raises(SystemExit) as info:
@@ -213,14 +213,14 @@ def test_resolve_once_hook_cli_record_prints_one_line_and_exits_2(make_args, cap
     assert err.count("\n") == 1 and err.startswith(f"error: {FLAG}: ") and "--speculative-eagle-topk" in err
 
 
-@only_0523
+@only_resolve_once
 def test_resolve_once_hook_engine_record_raises(make_args):
     with pytest.raises(VerifyGraphConfigError) as info:
         cli.resolve_once_hook(None, make_args(speculative_eagle_topk=2))
     assert info.value.flag == "--speculative-eagle-topk"
 
 
-@only_0523
+@only_resolve_once
 def test_resolve_once_hook_stores_config(make_args):
     args = make_args()
     assert cli.resolve_once_hook(None, args) is None

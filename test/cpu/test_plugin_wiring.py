@@ -42,7 +42,7 @@ def registry(monkeypatch):
 
 
 def _cli_table():
-    validate = cli.resolve_once_hook if adapter.API_0523 else cli.post_init_hook
+    validate = cli.resolve_once_hook if adapter.RESOLVE_ONCE else cli.post_init_hook
     return [(adapter.ADD_CLI_ARGS, cli.add_cli_args_hook, AFTER),
             (adapter.FROM_CLI_ARGS, cli.from_cli_args_hook, AROUND),
             (adapter.VALIDATION_POINT, cli.pre_resolution_hook, BEFORE),
@@ -51,7 +51,7 @@ def _cli_table():
 
 
 def _runtime_table():
-    graph = ((adapter.DECODE_RUNNER_CLS, plugin.decode_runner_cls_hook, AROUND) if adapter.API_0523
+    graph = ((adapter.DECODE_RUNNER_CLS, plugin.decode_runner_cls_hook, AROUND) if adapter.RUNNER_CLS_HOOK
              else (adapter.CAPTURE_DECODE_GRAPH, plugin.capture_decode_graph_hook, AROUND))
     return [graph,
             (adapter.FORWARD_RAW, plugin.forward_raw_hook, AROUND),
@@ -68,16 +68,19 @@ _PROFILE = [(adapter.CYCLE, profile_hooks.profile_cycle_hook, AROUND),
             (adapter.DRAFT_EXTEND, profile_hooks.profile_draft_extend_hook, AROUND)]
 
 
-@pytest.mark.parametrize("api_0523", [False, True], ids=["0.5.16-api", "0.5.23-api"])
-def test_hook_kinds_match_the_bodies_signatures(monkeypatch, api_0523):
+@pytest.mark.parametrize("runner_cls_hook,resolve_once", [(False, False), (True, False), (True, True)],
+                         ids=["0.5.16-api", "0.5.17-api", "0.5.19-api"])
+def test_hook_kinds_match_the_bodies_signatures(monkeypatch, runner_cls_hook, resolve_once):
     """An AFTER body takes ``(result, *args)``, an AROUND body ``(original, *args)``, BEFORE the
     target's own arguments: each table entry pairs a body with the kind it is written for (the
     tables are spelled out here from the module docstring, not read from the code). The graph
     hook and the validation body follow the SGLang API (both tables under either)."""
-    monkeypatch.setattr(adapter, "API_0523", api_0523)
+    monkeypatch.setattr(adapter, "RUNNER_CLS_HOOK", runner_cls_hook)
+    monkeypatch.setattr(adapter, "RESOLVE_ONCE", resolve_once)
     assert plugin.cli_hooks() == _cli_table()
-    assert plugin.cli_hooks()[3][1] is (cli.resolve_once_hook if api_0523 else cli.post_init_hook)
-    assert plugin.runtime_hooks()[0][0] == (adapter.DECODE_RUNNER_CLS if api_0523 else adapter.CAPTURE_DECODE_GRAPH)
+    assert plugin.cli_hooks()[3][1] is (cli.resolve_once_hook if resolve_once else cli.post_init_hook)
+    assert plugin.runtime_hooks()[0][0] == (adapter.DECODE_RUNNER_CLS if runner_cls_hook
+                                            else adapter.CAPTURE_DECODE_GRAPH)
     assert plugin.runtime_hooks() == _runtime_table()
     assert plugin.profile_hooks_table() == _PROFILE
 
@@ -152,8 +155,37 @@ def test_register_exits_1_with_one_line_when_a_requested_hook_failed(registry, m
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert err == (f"error: {FLAG}: the plugin could not hook into this SGLang version (sglang "
-                   f"{adapter.SGLANG_VERSION}; supported: {', '.join(adapter.SUPPORTED_VERSIONS)}); "
+                   f"{adapter.SGLANG_VERSION}; supported: 0.5.16 to 0.5.23); "
                    "not applied: x.y.z; u.v.w\n")
+
+
+@pytest.mark.parametrize("fields", [dict(enable=True), dict(profile_every=1), dict(sync_check=True),
+                                    {"argv": FLAG}, {"argv": "--verify-graph-profile-every"}],
+                         ids=["flag", "profile", "sync_check", "flag_on_argv", "profile_on_argv"])
+def test_outside_the_range_a_request_gets_one_line(registry, monkeypatch, capsys, fields):
+    fields = dict(fields)
+    argv = fields.pop("argv", None)
+    _env(monkeypatch, **fields)
+    monkeypatch.setattr(adapter, "argv_requests_flag", lambda flag: flag == argv)
+    monkeypatch.setattr(adapter, "IN_RANGE", False)
+    monkeypatch.setattr(adapter, "SGLANG_VERSION", "0.5.24")
+    with pytest.raises(SystemExit) as info:
+        plugin.register()
+    assert info.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: {FLAG}: sglang 0.5.24 is not supported by this plugin (supported: sglang 0.5.16 to "
+        f"0.5.23). Fix: install sglang>=0.5.16,<=0.5.23, or remove {FLAG}.\n")
+    assert registry.calls == [] and registry.factories == []
+
+
+def test_outside_the_range_nothing_is_installed_or_printed_without_a_request(registry, monkeypatch, capsys,
+                                                                          caplog):
+    _env(monkeypatch)
+    monkeypatch.setattr(adapter, "IN_RANGE", False)
+    with caplog.at_level(logging.DEBUG, logger="sglang_verify_graph"):
+        plugin.register()
+    assert registry.calls == [] and registry.factories == []
+    assert capsys.readouterr() == ("", "") and caplog.records == []
 
 
 def test_register_only_logs_a_failed_hook_when_nothing_is_requested(registry, monkeypatch, capsys, caplog):
@@ -239,7 +271,7 @@ def test_capture_decode_graph_hook_captures_ours_or_refuses_a_lost_flag(core, mo
 @pytest.mark.parametrize("kind, target, ours", [("chain", True, True), ("chain", False, False), (None, True, False)])
 def test_decode_runner_cls_hook_gives_our_class_to_the_served_target_only(core, monkeypatch, kind, target, ours):
     monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda mr: target and mr == "MR")
-    fake = core(verify_runner_kind=lambda mr: kind if mr == "MR" else None, verify_runner_cls_0523="OursCls")
+    fake = core(verify_runner_kind=lambda mr: kind if mr == "MR" else None, verify_runner_cls="OursCls")
     got = plugin.decode_runner_cls_hook(lambda mr, *a, **k: ("UpstreamCls", mr, a, k), "MR", 7, x=1)
     assert got == ("OursCls" if ours else ("UpstreamCls", "MR", (7,), {"x": 1}))
     assert (("refuse_if_flag_lost", ("MR",), {}) in fake.calls) is (not ours)

@@ -55,15 +55,29 @@ CONDITIONS = {
         },
     },
 }
-# 0.5.23: no capture-hidden-mode check, DP batch size through a method, the DP vote renamed, and
-# the bucket key takes an attention variant.
-_0523_FB = {k: v for k, v in CONDITIONS["0.5.16"]["forward_batch"].items()
-            if k not in ("capture_hidden_mode", "original_global_num_tokens_cpu", "can_run_dp_cuda_graph")}
-_0523_FB["can_run_decode_cuda_graph"] = C.REASON_DP_SYNC
-_0523_SELF = {k: v for k, v in CONDITIONS["0.5.16"]["self"].items() if k != "capture_hidden_mode"}
-_0523_SELF["_max_dp_batch_size"] = f"{UNREACHABLE}: DP attention is refused at launch"
-_0523_SELF["_resolve_attention_variant"] = f"{UNREACHABLE}: builds the bucket key, refuses nothing"
-CONDITIONS["0.5.23"] = {"forward_batch": _0523_FB, "self": _0523_SELF}
+
+
+def _release(previous: str, fb_drop=(), fb_add=None, self_drop=(), self_add=None) -> dict:
+    """The conditions of a release: ``previous``'s with the listed reads dropped and added."""
+    prev = CONDITIONS[previous]
+    fb = {k: v for k, v in prev["forward_batch"].items() if k not in fb_drop}
+    me = {k: v for k, v in prev["self"].items() if k not in self_drop}
+    return {"forward_batch": {**fb, **(fb_add or {})}, "self": {**me, **(self_add or {})}}
+
+
+# 0.5.17: no capture-hidden-mode check (the mode is fixed at capture).
+CONDITIONS["0.5.17"] = _release("0.5.16", fb_drop=("capture_hidden_mode",), self_drop=("capture_hidden_mode",))
+# 0.5.18: the DP batch size through a method.
+CONDITIONS["0.5.18"] = _release("0.5.17", fb_drop=("original_global_num_tokens_cpu",), self_add={
+    "_max_dp_batch_size": f"{UNREACHABLE}: DP attention is refused at launch"})
+# 0.5.19: the DP vote renamed.
+CONDITIONS["0.5.19"] = _release("0.5.18", fb_drop=("can_run_dp_cuda_graph",),
+                                fb_add={"can_run_decode_cuda_graph": C.REASON_DP_SYNC})
+# 0.5.20: the bucket key takes an attention variant.
+CONDITIONS["0.5.20"] = _release("0.5.19", self_add={
+    "_resolve_attention_variant": f"{UNREACHABLE}: builds the bucket key, refuses nothing"})
+for _v in ("0.5.21", "0.5.22", "0.5.23"):
+    CONDITIONS[_v] = _release("0.5.20")
 
 REASONS = {v for k, v in vars(C).items() if k.startswith("REASON_")}
 
@@ -119,7 +133,7 @@ def _runner_and_batch(**runner_overrides):
         is_encoder_decoder=False, capture_hidden_mode=CaptureHiddenMode.FULL,
         backend=SimpleNamespace(can_run=lambda fb, key: key.size in captured),
         model_runner=SimpleNamespace(spec_algorithm=SimpleNamespace(is_ngram=lambda: False)),
-        record_nolora_graph=False, attention_graph_variants=None,  # 0.5.23's bucket-key inputs
+        record_nolora_graph=False, attention_graph_variants=None,  # bucket-key inputs of later releases
     )
     runner.__dict__.update(runner_overrides)
     fb = SimpleNamespace(
@@ -240,6 +254,6 @@ def test_dp_and_tbo_are_judged_only_when_their_switch_is_on(monkeypatch, switch_
 
 
 def test_a_refusal_no_condition_explains_has_no_detail(monkeypatch):
-    monkeypatch.setattr(adapter, "CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE", False)  # sglang 0.5.23
+    monkeypatch.setattr(adapter, "CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE", False)  # sglang 0.5.17 on
     runner, fb = _runner_and_batch()
     assert _reason(runner, fb) == (C.REASON_OTHER, "")

@@ -50,13 +50,13 @@ def test_capture_hook_refuses_a_wrapped_chain_backend(flag_on):
     with the one-line error rather than capture upstream's runner (no counters, no chain kernel)."""
     from sglang_verify_graph import chain_backend as cb
     from sglang_verify_graph import plugin
-    from sglang_verify_graph.sglang_adapter import API_0523
+    from sglang_verify_graph.sglang_adapter import RUNNER_CLS_HOOK
 
     chain = cb.ChainVerifyTritonBackend.__new__(cb.ChainVerifyTritonBackend)
     model_runner = _runner(backend=SimpleNamespace(full_attn_backend=chain))
     upstream = type("UpstreamDecodeCudaGraphRunner", (), {})
     with pytest.raises(VerifyGraphConfigError, match="remove --enable-verify-cuda-graph") as info:
-        if API_0523:  # 0.5.23 picks the runner class in ModelRunner._decode_cuda_graph_runner_cls
+        if RUNNER_CLS_HOOK:  # 0.5.17 on: ModelRunner._decode_cuda_graph_runner_cls picks the class
             plugin.decode_runner_cls_hook(lambda mr: upstream, model_runner)
         else:  # 0.5.16 captures in cuda_graph_setup.capture_decode_graph
             plugin.capture_decode_graph_hook(lambda **kw: upstream, model_runner=model_runner)

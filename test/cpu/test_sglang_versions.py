@@ -1,18 +1,21 @@
-"""Per-version CPU checks (sglang 0.5.16 and 0.5.23; CI runs this tier once per version).
+"""Per-release CPU checks (every SGLang release 0.5.16-0.5.23; CI runs this file on each).
 
-* the installed version is one the adapter supports, and the adapter picked its code paths;
+* the installed release is one the adapter supports, and every API change point the adapter
+  declares agrees with the installed SGLang's own source (so a change point placed at the wrong
+  release fails on the releases it misjudges);
 * in a fresh interpreter, with the feature on: ``plugin.install`` reports no missing hook
-  target, the flag is in SGLang's own parser, ``prepare_server_args`` + the version's validation
-  point accept a good launch and stop a bad one with one line, and (0.5.23) the installed
+  target, the flag is in SGLang's own parser, ``prepare_server_args`` + the release's validation
+  point accept a good launch and stop a bad one with one line, and (0.5.17 on) the installed
   ``ModelRunner._decode_cuda_graph_runner_cls`` returns our runner for an EAGLE topk=1 target;
 * the hook functions decide correctly on stubs (ours only for the EAGLE topk=1 target with the
   chain backend, upstream's otherwise);
 * every SGLang class attribute, method and signature that runner.py / chain_backend.py /
   selftest.py / the adapter rely on exists in the installed SGLang source.
 
-Version-specific tests skip on the other version.
+Release-specific tests skip on the releases they do not apply to.
 """
 
+import dataclasses
 import inspect
 import json
 import os
@@ -28,20 +31,101 @@ from sglang_verify_graph import capture, plugin
 from sglang_verify_graph import sglang_adapter as sa
 from sglang_verify_graph.config import ENV_ENABLE, FLAG
 
-only_0523 = pytest.mark.skipif(not sa.API_0523, reason="sglang 0.5.23 code path")
-only_0516 = pytest.mark.skipif(sa.API_0523, reason="sglang 0.5.16 code path")
+runner_cls_hook = pytest.mark.skipif(not sa.RUNNER_CLS_HOOK, reason="sglang 0.5.17+ code path")
+before_runner_cls_hook = pytest.mark.skipif(sa.RUNNER_CLS_HOOK, reason="sglang 0.5.16 code path")
 
 
 def test_installed_version_is_supported():
+    assert sa.IN_RANGE
     assert sa.SGLANG_VERSION in sa.SUPPORTED_VERSIONS
-    assert sa.API_0523 == (sa.SGLANG_VERSION == "0.5.23")
-    assert sa.VALIDATES_AT_CONSTRUCTION == (not sa.API_0523)
+    assert sa.SUPPORTED_VERSIONS[0] == sa.SUPPORTED_RANGE[0]
+    assert sa.SUPPORTED_VERSIONS[-1] == sa.SUPPORTED_RANGE[1]
+
+
+def test_package_metadata_admits_the_supported_range_only():
+    """``pip install`` beside any supported release keeps that SGLang: the installed
+    distribution's one requirement is the adapter's range, as ``pyproject.toml`` spells it."""
+    import tomllib
+    from importlib.metadata import requires
+    from pathlib import Path
+
+    lo, hi = sa.SUPPORTED_RANGE
+    expected = f"sglang<={hi},>={lo}"
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert [r.replace(" ", "") for r in pyproject["project"]["dependencies"]] == [f"sglang>={lo},<={hi}"]
+    installed = [r.replace(" ", "") for r in requires("sglang-verify-graph")]
+    assert len(installed) == 1
+    assert sorted(installed[0][len("sglang"):].split(",")) == sorted(expected[len("sglang"):].split(","))
 
 
 def test_version_parsing():
     assert sa._version_tuple("0.5.16") == (0, 5, 16)
     assert sa._version_tuple("0.5.23.post1") == (0, 5, 23)
     assert sa._version_tuple("0.6.0rc1+cu130") == (0, 6, 0)
+
+
+# ---- each change point against the installed SGLang's source ---------------------------------
+def test_runner_cls_hook_point():
+    """0.5.17: the runner class comes from ``ModelRunner._decode_cuda_graph_runner_cls`` (which
+    ``capture_decode_graph`` calls) and ``DecodeGraphCapture`` is gone."""
+    from sglang.srt.model_executor import model_runner
+    from sglang.srt.model_executor.model_runner_components import cuda_graph_setup
+
+    setup_src = inspect.getsource(cuda_graph_setup.capture_decode_graph)
+    assert sa.RUNNER_CLS_HOOK == hasattr(model_runner.ModelRunner, "_decode_cuda_graph_runner_cls")
+    assert sa.RUNNER_CLS_HOOK == ("_decode_cuda_graph_runner_cls" in setup_src)
+    assert sa.RUNNER_CLS_HOOK == (not hasattr(cuda_graph_setup, "DecodeGraphCapture"))
+
+
+def test_hidden_mode_check_point():
+    src = inspect.getsource(sa.decode_cuda_graph_runner_cls().can_run_graph)
+    assert sa.CAN_RUN_GRAPH_CHECKS_HIDDEN_MODE == ("capture_hidden_mode" in src)
+
+
+def test_dp_batch_size_point():
+    cls = sa.decode_cuda_graph_runner_cls()
+    src = inspect.getsource(cls.can_run_graph)
+    assert sa.DP_BATCH_SIZE_HELPER == hasattr(cls, "_max_dp_batch_size")
+    assert sa.DP_BATCH_SIZE_HELPER == ("_max_dp_batch_size(forward_batch)" in src)
+    assert sa.DP_BATCH_SIZE_HELPER == ("max(forward_batch.original_global_num_tokens_cpu)" not in src)
+
+
+def test_resolve_once_point():
+    """0.5.19: construction resolves nothing, ``resolve_once`` does; the config merger, the DP
+    vote field and the KV index translation moved with it."""
+    import importlib.util
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.server_args import ServerArgs
+
+    post_init = inspect.getsource(ServerArgs.__post_init__)
+    assert sa.RESOLVE_ONCE == hasattr(ServerArgs, "resolve_once")
+    assert sa.RESOLVE_ONCE == ("run_resolution_pipeline" not in post_init
+                               and "_handle_" not in post_init)
+    assert sa.RESOLVE_ONCE == (importlib.util.find_spec("sglang.srt.server_args_config_parser") is None)
+    assert sa.RESOLVE_ONCE == _has(ForwardBatch, "can_run_decode_cuda_graph")
+    assert sa.RESOLVE_ONCE == (not _has(ForwardBatch, "can_run_dp_cuda_graph"))
+    assert sa.RESOLVE_ONCE == _has(TritonAttnBackend, "kv_index_translator")
+    assert sa.RESOLVE_ONCE == (not _has(TritonAttnBackend, "_translate_kv_loc"))
+
+
+def test_draft_extend_select_index_point():
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+        EAGLEDraftExtendCudaGraphRunner,
+    )
+
+    params = list(inspect.signature(EAGLEDraftExtendCudaGraphRunner.execute).parameters)
+    assert params[:2] == ["self", "forward_batch"]
+    assert sa.DRAFT_EXTEND_SELECT_INDEX == (params[2:3] == ["select_index"])
+
+
+def test_kv_write_loc_point():
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    fields = [f.name for f in dataclasses.fields(KVWriteLoc)]
+    assert fields[:3] == ["loc", "swa_loc", "full_loc"]
+    assert sa.KV_WRITE_LOC_FOR_BATCH == hasattr(KVWriteLoc, "for_batch")
 
 
 # ---- fresh interpreter: register, parse, validate --------------------------------------------
@@ -57,7 +141,7 @@ _DRIVER = textwrap.dedent("""
     from sglang.srt.layers.attention import attention_registry
     out["triton_factory"] = bool(getattr(attention_registry.ATTENTION_BACKENDS["triton"],
                                          "_verify_graph_factory", False))
-    if sa.API_0523:
+    if sa.RUNNER_CLS_HOOK:
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
         from sglang_verify_graph.runner import VerifyCudaGraphRunner
@@ -105,7 +189,7 @@ def test_hooks_resolve_install_and_flag_validates(tiny_model_dirs):
     assert out["missing"] == []
     assert out["flag_in_parser"] and out["triton_factory"]
     assert out["enabled"] is True and out["ndt"] == 3
-    if sa.API_0523:
+    if sa.RUNNER_CLS_HOOK:
         assert out["runner_cls_ours"] is True
         assert out["runner_cls_plain"] == "DecodeCudaGraphRunner"
 
@@ -141,7 +225,7 @@ def _model_runner(chain=True, draft=False, topk=1, eagle=True):
                            attn_backend=backend)
 
 
-@only_0523
+@runner_cls_hook
 @pytest.mark.parametrize("kwargs,ours", [
     (dict(), True),
     (dict(chain=False), False),
@@ -149,7 +233,7 @@ def _model_runner(chain=True, draft=False, topk=1, eagle=True):
     (dict(topk=4), False),
     (dict(eagle=False), False),
 ])
-def test_0523_runner_cls_hook(kwargs, ours):
+def test_runner_cls_hook(kwargs, ours):
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
@@ -164,10 +248,10 @@ def test_0523_runner_cls_hook(kwargs, ours):
         assert cls is DecodeCudaGraphRunner
 
 
-@only_0523
-def test_0523_runner_cls_is_built_with_model_runner_only(monkeypatch):
-    """SGLang 0.5.23 builds the class as ``cls(model_runner)``: ours takes config and counters
-    from the chain backend and fills the capture counters."""
+@runner_cls_hook
+def test_runner_cls_is_built_with_model_runner_only(monkeypatch):
+    """SGLang 0.5.17 and later build the class as ``cls(model_runner)``: ours takes config and
+    counters from the chain backend and fills the capture counters."""
     from sglang_verify_graph import counters as C
     from sglang_verify_graph.runner import VerifyCudaGraphRunner
 
@@ -180,16 +264,16 @@ def test_0523_runner_cls_is_built_with_model_runner_only(monkeypatch):
     monkeypatch.setattr(VerifyCudaGraphRunner, "__init__", fake_init)
     cfg = SimpleNamespace(log_every=0)
     mr = SimpleNamespace(attn_backend=SimpleNamespace(verify_cfg=cfg), device="cpu", gpu_id=0)
-    runner = capture.verify_runner_cls_0523()(mr)
+    runner = capture.verify_runner_cls()(mr)
     assert isinstance(runner, VerifyCudaGraphRunner)
     assert seen["model_runner"] is mr and seen["cfg"] is cfg
     assert C.get_counters() is seen["counters"] and seen["counters"].capture_bs == [1, 2]
     with pytest.raises(RuntimeError, match="unexpected arguments"):
-        capture.verify_runner_cls_0523()(mr, attn_backend=None)
+        capture.verify_runner_cls()(mr, attn_backend=None)
 
 
-@only_0516
-def test_0516_capture_hook_passes_through_without_chain_backend():
+@before_runner_cls_hook
+def test_capture_hook_passes_through_without_chain_backend():
     calls = []
     result = plugin.capture_decode_graph_hook(lambda **kw: calls.append(kw) or "upstream",
                                           model_runner=_model_runner(chain=False))
@@ -198,7 +282,7 @@ def test_0516_capture_hook_passes_through_without_chain_backend():
 
 def test_resolved_view_reads_declarations():
     record = SimpleNamespace(speculative_algorithm="NEXTN", speculative_eagle_topk=1)
-    if sa.API_0523:
+    if sa.RESOLVE_ONCE:
         record._resolved_overrides = [("test", {"speculative_algorithm": "EAGLE"})]
         assert sa.resolved(record).speculative_algorithm == "EAGLE"
     else:
@@ -209,7 +293,7 @@ def test_resolved_view_reads_declarations():
 def test_can_run_dp_reads_the_versions_field():
     fb = SimpleNamespace(can_run_dp_cuda_graph=False, can_run_decode_cuda_graph=False)
     assert sa.can_run_dp(fb) is False
-    setattr(fb, "can_run_decode_cuda_graph" if sa.API_0523 else "can_run_dp_cuda_graph", True)
+    setattr(fb, "can_run_decode_cuda_graph" if sa.RESOLVE_ONCE else "can_run_dp_cuda_graph", True)
     assert sa.can_run_dp(fb) is True
 
 
@@ -255,7 +339,7 @@ def test_triton_backend_surface():
              "token_to_kv_pool", "num_head", "use_mla", "device_core_count", "device",
              "req_to_token", "_set_kv_buffer", "init_forward_metadata_out_graph",
              "init_forward_metadata", "init_cuda_graph_state", "forward_extend"]
-    names.append("kv_index_translator" if sa.API_0523 else "_translate_kv_loc")
+    names.append("kv_index_translator" if sa.RESOLVE_ONCE else "_translate_kv_loc")
     assert _missing(cls, names) == []
     from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
 
@@ -272,8 +356,9 @@ def test_forward_batch_surface():
     names = ["replace_embeds", "spec_info", "batch_size", "original_global_num_tokens_cpu",
              "can_run_tbo", "forward_mode", "req_pool_indices", "seq_lens", "out_cache_loc",
              "input_ids", "positions", "needs_forward_metadata_init"]
-    names += (["can_run_decode_cuda_graph", "out_cache_loc_is_physical"] if sa.API_0523
-              else ["can_run_dp_cuda_graph"])
+    names += ["can_run_decode_cuda_graph" if sa.RESOLVE_ONCE else "can_run_dp_cuda_graph"]
+    if sa.KV_WRITE_LOC_FOR_BATCH:  # KVWriteLoc.for_batch reads it
+        names.append("out_cache_loc_is_physical")
     assert _missing(ForwardBatch, names) == []
 
 
@@ -283,7 +368,7 @@ def test_model_runner_and_layer_surface():
 
     names = ["spec_aux_config", "is_draft_worker", "spec_algorithm", "server_args", "attn_backend",
              "model_config", "device", "gpu_id", "model"]
-    if sa.API_0523:
+    if sa.RUNNER_CLS_HOOK:
         names.append("_decode_cuda_graph_runner_cls")
     assert _missing(ModelRunner, names) == []
     assert _missing(RadixAttention, [
@@ -295,7 +380,6 @@ def test_model_runner_and_layer_surface():
 def test_speculative_and_scheduler_surface():
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
     from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
 
@@ -305,9 +389,8 @@ def test_speculative_and_scheduler_surface():
     assert TreeMaskMode.QLEN_ONLY is not None
     assert _has(GetInternalStateReqOutput, "internal_state")
     assert callable(Scheduler.get_internal_state)
-    assert hasattr(KVWriteLoc, "for_batch") == sa.API_0523 or not sa.API_0523
     from sglang.srt.layers.attention.triton_backend import logit_capping_mod  # noqa: F401
-    if not sa.API_0523:
+    if not sa.RUNNER_CLS_HOOK:
         from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import (  # noqa: F401
             DecodeGraphCapture,
         )

@@ -112,8 +112,9 @@ def test_series_shape(series):
     assert "import sglang_verify_graph" not in text and "from sglang_verify_graph" not in text
     assert "sgl_verify_kernel" not in text
     # the native modules carry the pinned version's branch only: no switch on newer SGLang
-    for name in ("API_0523", "_v0523", "verify_runner_cls_0523", "sglang_adapter",
-                 "triton_attn_backend_cls", "decode_cuda_graph_runner_cls"):
+    for name in ("RUNNER_CLS_HOOK", "RESOLVE_ONCE", "_since", "VerifyCudaGraphRunnerFromModelRunner",
+                 "verify_runner_cls", "sglang_adapter", "triton_attn_backend_cls",
+                 "decode_cuda_graph_runner_cls"):
         assert name not in text, name
     for p in patches:
         head = p.read_text().splitlines()[:4]
