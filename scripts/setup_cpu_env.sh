@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Create (or update) the CPU test venvs of this repo, one per supported SGLang version (both
-# git-ignored): .venv (sglang 0.5.16) and .venv23 (sglang 0.5.23). .venv gets torch 2.14.1 +
-# torchvision 0.29.1, sglang with --no-deps and the pinned small dependencies of
-# scripts/cpu_requirements.txt, then this project in editable mode. .venv23 is layered on .venv:
-# a `_verify_graph_base.pth` file puts .venv's site-packages after its own, so it holds only
-# sglang 0.5.23 (--no-deps) and this project, and torch (~6 GB with its CUDA libraries) is
-# installed once, not twice (the same dependency set serves both versions). pip runs with
-# --no-cache-dir: nothing is downloaded twice, so a cache would only take disk (a CI run once died
-# with "No space left on device"). No GPU needed. Used by .ci/run and by README.md.
+# Create (or update) the CPU test venvs of this repo, one per supported SGLang release (all
+# git-ignored): .venv (sglang 0.5.16) and .venvN (sglang 0.5.N, e.g. .venv23), the releases being
+# those of pyproject.toml's sglang range. .venv gets torch 2.14.1 + torchvision 0.29.1, sglang with
+# --no-deps and the pinned small dependencies of scripts/cpu_requirements.txt, then this project in
+# editable mode. Every other venv is layered on .venv: a `_verify_graph_base.pth` file puts .venv's
+# site-packages after its own, so it holds only its sglang (--no-deps) and this project, and torch
+# (~6 GB with its CUDA libraries) is installed once (the same dependency set serves every release).
+# pip runs with --no-cache-dir: nothing is downloaded twice, so a cache would only take disk (a CI
+# run once died with "No space left on device"). No GPU needed. Used by .ci/run and by README.md.
 #
 # Usage: bash scripts/setup_cpu_env.sh
-# Env:   SGLANG_VERSION  one of 0.5.16, 0.5.23, or "all" (default: all = both venvs)
+# Env:   SGLANG_VERSION  one supported release (0.5.16 ... 0.5.23), or "all" (default: every one)
 #        PYTHON          interpreter for the venvs (default: python3; must be 3.10+, CI uses 3.11)
 #        VENV            venv directory; only with a single SGLANG_VERSION
-#                        (default: <repo>/.venv for 0.5.16, <repo>/.venv23 for 0.5.23)
-#        BASE_VENV       venv whose site-packages .venv23 layers on (default: <repo>/.venv, built
-#                        first when missing); BASE_VENV=none gives .venv23 its own full install
+#                        (default: <repo>/.venv for 0.5.16, <repo>/.venvN for 0.5.N)
+#        BASE_VENV       venv the later releases layer on (default: <repo>/.venv, built first when
+#                        missing); BASE_VENV=none gives the venv its own full install
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -28,11 +28,13 @@ if sys.version_info < (3, 10):
     sys.exit(f"setup_cpu_env.sh: need Python >= 3.10, got {sys.version.split()[0]}")
 PY
 
-venv_for() {  # the default venv of an SGLang version
-  case "$1" in
-    0.5.16) echo "$ROOT/.venv" ;;
-    0.5.23) echo "$ROOT/.venv23" ;;
-    *) echo "setup_cpu_env.sh: unsupported SGLANG_VERSION '$1' (0.5.16, 0.5.23 or all)" >&2; return 1 ;;
+VERSIONS=$(bash "$ROOT/scripts/sglang_versions.sh")  # the supported releases, oldest first
+FIRST=${VERSIONS%% *}
+
+venv_for() {  # the default venv of an SGLang release
+  case " $VERSIONS " in
+    *" $1 "*) [ "$1" = "$FIRST" ] && echo "$ROOT/.venv" || echo "$ROOT/.venv${1##*.}" ;;
+    *) echo "setup_cpu_env.sh: unsupported SGLANG_VERSION '$1' (one of: $VERSIONS; or all)" >&2; return 1 ;;
   esac
 }
 
@@ -78,28 +80,29 @@ setup_one() {  # setup_one <sglang version> <venv dir> [base venv to layer on]
   check_one "$version" "$venv"
 }
 
-setup_0523() {  # setup_0523 <venv>: layered on BASE_VENV unless BASE_VENV=none
+setup_layered() {  # setup_layered <version> <venv>: layered on BASE_VENV unless BASE_VENV=none
   local base=${BASE_VENV:-$ROOT/.venv}
   if [ "$base" = none ]; then
-    setup_one 0.5.23 "$1"
+    setup_one "$1" "$2"
     return
   fi
   if ! { [ -x "$base/bin/python" ] && "$base/bin/python" -c "import torch" 2>/dev/null; }; then
-    setup_one 0.5.16 "$base"
+    setup_one "$FIRST" "$base"
   fi
-  setup_one 0.5.23 "$1" "$base"
+  setup_one "$1" "$2" "$base"
+}
+
+setup_version() {  # setup_version <version> <venv>
+  if [ "$1" = "$FIRST" ]; then setup_one "$1" "$2"; else setup_layered "$1" "$2"; fi
 }
 
 if [ "$SGLANG_VERSION" = all ]; then
   if [ -n "${VENV:-}" ]; then
-    echo "setup_cpu_env.sh: VENV needs a single SGLANG_VERSION (0.5.16 or 0.5.23)" >&2
+    echo "setup_cpu_env.sh: VENV needs a single SGLANG_VERSION (one of: $VERSIONS)" >&2
     exit 2
   fi
-  setup_one 0.5.16 "$(venv_for 0.5.16)"
-  setup_0523 "$(venv_for 0.5.23)"
-elif [ "$SGLANG_VERSION" = 0.5.23 ]; then
-  venv_for 0.5.23 > /dev/null
-  setup_0523 "${VENV:-$(venv_for 0.5.23)}"
+  for v in $VERSIONS; do setup_version "$v" "$(venv_for "$v")"; done
 else
-  setup_one "$SGLANG_VERSION" "${VENV:-$(venv_for "$SGLANG_VERSION")}"
+  default=$(venv_for "$SGLANG_VERSION") || exit 2
+  setup_version "$SGLANG_VERSION" "${VENV:-$default}"
 fi

@@ -18,9 +18,21 @@ def _cuda_count() -> int:
         return 0
 
 
+SGLANG_API_MODULES = (
+    "test_sglang_versions", "test_cpu_real_server_args", "test_refusal_reasons", "test_serve_help",
+    "test_refusal_without_gpu", "test_hook_installation", "test_plugin_wiring", "test_cpu_cli_hooks",
+    "test_launch_refusals", "test_runner_choice", "test_upstream_patch",
+)
+"""The CPU tests that read what moves between SGLang releases (hook targets, server-args
+resolution, the graph runner's and the backends' surfaces): marked ``sglang_api``, the subset that
+``scripts/run_cpu_tests.sh`` runs on every supported release between the first and the last."""
+
+
 def pytest_collection_modifyitems(config, items):
     n = _cuda_count()
     for item in items:
+        if getattr(getattr(item, "module", None), "__name__", "").rsplit(".", 1)[-1] in SGLANG_API_MODULES:
+            item.add_marker(pytest.mark.sglang_api)
         if ("gpu" in item.keywords or "server" in item.keywords) and n == 0:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multigpu" in item.keywords and n < 2:

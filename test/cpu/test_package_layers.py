@@ -13,8 +13,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "python" / "sglang_verify_graph"
 NAME = "sglang_verify_graph"
-BOTTOM = {"sglang_adapter", "sglang_adapter_v0523", "errors"}
-SGLANG_SRT_ALLOWED = {"sglang_adapter", "sglang_adapter_v0523"}
+BOTTOM = {"sglang_adapter", "errors"}
+SGLANG_SRT_ALLOWED = {"sglang_adapter"}
 TOP = "plugin"
 MAX_LINES = 400
 
@@ -99,8 +99,7 @@ def test_no_import_cycle_in_the_package():
 def test_bottom_layer_imports_nothing_from_the_package():
     graph = _graph()
     for m in BOTTOM:
-        allowed = {"sglang_adapter_v0523"} if m == "sglang_adapter" else set()
-        assert graph[m] <= allowed, f"{m} imports {sorted(graph[m] - allowed)}"
+        assert not graph[m], f"{m} imports {sorted(graph[m])}"
 
 
 def test_only_the_adapter_touches_sglang_srt():

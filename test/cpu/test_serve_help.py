@@ -78,3 +78,44 @@ def test_wrapped_serve_loads_plugins_before_the_original(monkeypatch):
     serve_help.wrap_serve(module)  # a second wrap keeps one wrapper
     module.serve(None, ["--help"])
     assert calls == ["plugins", "serve"]
+
+
+def _without_option_help(text: str, options) -> str:
+    """``text`` (an argparse help page) without its usage block and without the entries of
+    ``options``: each entry's first line and its continuation lines (indented deeper than an
+    option line)."""
+    out, skipping, in_usage = [], False, False
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if line.startswith("usage:"):  # argparse's synopsis, up to the next blank line
+            in_usage = True
+        if in_usage:
+            in_usage = bool(stripped)
+            continue
+        if indent == 2 and stripped.startswith("-"):  # an option line
+            skipping = any(stripped.startswith(o) for o in options)
+        elif not stripped or indent <= 2:
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("command", [["-m", "sglang.launch_server", "--help"], ["serve", "--help"]],
+                         ids=["launch_server", "sglang_serve"])
+def test_without_the_flag_the_plugin_prints_nothing_but_its_help(command):
+    """A launch that does not ask for the plugin gets nothing from it: the help page with the
+    plugin loaded is SGLang's own page (the plugin excluded by ``SGLANG_PLUGINS``) plus the
+    plugin's two options (the usage synopsis aside), and stderr is the same."""
+    argv = ([sys.executable, *command] if command[0] == "-m" else [_sglang_script(), *command])
+    runs = {}
+    for name, extra in (("with", {}), ("without", {"SGLANG_PLUGINS": "no_such_plugin"})):
+        proc = subprocess.run(argv, env={**_clean_env(), "PYTHONHASHSEED": "0", **extra}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[name] = proc
+    assert all(f in runs["with"].stdout for f in FLAGS)
+    assert not any(f in runs["without"].stdout for f in FLAGS)
+    assert _without_option_help(runs["with"].stdout, FLAGS) == _without_option_help(runs["without"].stdout, ())
+    assert runs["with"].stderr == runs["without"].stderr

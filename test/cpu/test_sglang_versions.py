@@ -58,6 +58,16 @@ def test_package_metadata_admits_the_supported_range_only():
     assert sorted(installed[0][len("sglang"):].split(",")) == sorted(expected[len("sglang"):].split(","))
 
 
+def test_the_scripts_releases_are_the_adapters():
+    """``setup_cpu_env.sh`` and ``run_cpu_tests.sh`` test the releases ``sglang_versions.sh`` reads
+    from ``pyproject.toml``: the adapter's list."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "sglang_versions.sh"
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True).stdout
+    assert tuple(out.split()) == sa.SUPPORTED_VERSIONS
+
+
 def test_version_parsing():
     assert sa._version_tuple("0.5.16") == (0, 5, 16)
     assert sa._version_tuple("0.5.23.post1") == (0, 5, 23)
