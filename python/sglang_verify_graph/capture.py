@@ -73,10 +73,7 @@ def execute_draft_extend(execute: Callable, runner, forward_batch, *args, **kwar
     probe.before_execute(runner, forward_batch)
     out = execute(runner, forward_batch, *args, **kwargs)
     counters.count_draft_extend_replay(runner.bs, runner.raw_bs)
-    select_index = None
-    if adapter.DRAFT_EXTEND_SELECT_INDEX:
-        select_index = args[0] if args else kwargs.get("select_index")
-    probe.after_execute(runner, forward_batch, out, select_index)
+    probe.after_execute(runner, forward_batch, out, adapter.draft_extend_select_index(args, kwargs))
     return out
 
 

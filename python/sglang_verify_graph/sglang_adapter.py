@@ -224,6 +224,16 @@ def can_run_dp(forward_batch) -> bool:
     return bool(forward_batch.can_run_dp_cuda_graph)
 
 
+def draft_extend_select_index(args: tuple, kwargs: dict):
+    """The ``select_index`` of an ``EAGLEDraftExtendCudaGraphRunner.execute(forward_batch, ...)``
+    call from its arguments after ``forward_batch`` (0.5.20 on: a ``[raw_bs]`` integer tensor, the
+    flat token row of each request's last accepted token, ``i * num_draft_tokens + accept_length
+    - 1``, as ``EAGLEWorkerV2`` builds it); ``None`` before 0.5.20, whose ``execute`` takes none."""
+    if DRAFT_EXTEND_SELECT_INDEX:
+        return args[0] if args else kwargs.get("select_index")
+    return None
+
+
 def dp_batch_size(runner, forward_batch) -> int:
     """The batch size a DP-attention (MLP-sync) replay is padded for, as ``can_run_graph`` of
     ``runner`` (a ``DecodeCudaGraphRunner``) computes it: the largest per-rank request count.

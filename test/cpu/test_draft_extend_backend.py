@@ -187,9 +187,14 @@ def test_eager_draft_extend_is_counted_where_sglang_dispatches_it(counters, back
     assert counters.verify_steps == 0  # never counted as a verify step
 
 
-def test_the_probe_sees_each_replay_with_its_select_index(counters, monkeypatch):
-    """SGLang 0.5.23's ``execute(forward_batch, select_index)`` returns one row per request: the
-    probe gets ``select_index`` to pick the same rows of its reference."""
+@pytest.mark.parametrize("takes_select_index", [False, True], ids=["before-0.5.20", "0.5.20-on"])
+def test_the_probe_sees_each_replay_with_its_select_index(counters, monkeypatch, takes_select_index):
+    """From SGLang 0.5.20 ``execute(forward_batch, select_index)`` returns one row per request:
+    the probe gets ``select_index`` to pick the same rows of its reference; before, it gets
+    ``None``."""
+    from sglang_verify_graph import sglang_adapter
+
+    monkeypatch.setattr(sglang_adapter, "DRAFT_EXTEND_SELECT_INDEX", takes_select_index)
     seen = []
 
     class Probe:
@@ -203,4 +208,5 @@ def test_the_probe_sees_each_replay_with_its_select_index(counters, monkeypatch)
     runner, execute = _draft_extend_runner(bs=2, raw_bs=2)
     plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace(), "rows")
     plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace())
-    assert seen == ["before", ("after", "out", "rows"), "before", ("after", "out", None)]
+    rows = "rows" if takes_select_index else None
+    assert seen == ["before", ("after", "out", rows), "before", ("after", "out", None)]
