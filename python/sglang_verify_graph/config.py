@@ -228,8 +228,8 @@ def _check_cuda_graph(server_args: Any) -> Optional[str]:
 
 def _check_parallel(server_args: Any) -> None:
     dp = getattr(server_args, "enable_dp_attention", False)
-    # sglang 0.5.23 spells DP attention --attn-dp-size N (and resolves the deprecated
-    # --enable-dp-attention into it); 0.5.16 has no such field.
+    # sglang 0.5.22 and later spell DP attention --attn-dp-size N (and resolve the deprecated
+    # --enable-dp-attention into it); earlier releases have no such field.
     attn_dp = getattr(server_args, "attn_dp_size", 1) or 1
     pp = getattr(server_args, "pp_size", 1) or 1
     tbo = getattr(server_args, "enable_two_batch_overlap", False)

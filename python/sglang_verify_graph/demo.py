@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
             "one table: client ms per decode step at concurrency 1, verify device ms (per-phase "
             "profile), tokens/s at concurrency 1 and --concurrency, accept length; plus the "
             "verify-graph counters. Exits 1 if ours did not replay every verify step or the "
-            "greedy outputs differ. Needs one CUDA GPU and sglang 0.5.16 with this plugin "
-            "installed (except --dry-run). Takes a few minutes."),
+            "greedy outputs differ. Needs one CUDA GPU and sglang 0.5.16-0.5.23 with this "
+            "plugin installed (except --dry-run). Takes a few minutes."),
         epilog=("Dummy weights accept almost no draft token, so the table shows the cost of a "
                 "speculation cycle against a plain decode step, not a speed-up."))
     ap.add_argument("--model", default="llama-8b", metavar="NAME",
