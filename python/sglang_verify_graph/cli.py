@@ -262,7 +262,11 @@ def resolve_once_hook(result: Any, server_args: Any) -> None:
 CONFIG_KEY = FLAG[2:]
 """The flag as a key of an SGLang ``--config`` YAML file (``enable-verify-cuda-graph``)."""
 
-_MIN_ABBREV = len("--enable-v")  # argparse accepts unambiguous prefixes of long options
+MIN_FLAG_PREFIX = len("--enable-v")
+"""The shortest abbreviation of the flag argparse accepts (no SGLang option starts with it)."""
+
+MIN_PROFILE_FLAG_PREFIX = len("--verify-g")
+"""The shortest abbreviation of :data:`PROFILE_FLAG` argparse accepts."""
 
 
 def config_file_path(cli_args: list) -> Optional[str]:
@@ -277,7 +281,7 @@ def config_file_path(cli_args: list) -> Optional[str]:
 def cli_gives_flag(cli_args: list) -> bool:
     """Whether ``cli_args`` (list of str) holds the flag, spelled out or abbreviated as argparse
     allows (e.g. ``--enable-verify-cuda``)."""
-    return any(a.startswith("--") and len(a) >= _MIN_ABBREV and FLAG.startswith(a)
+    return any(a.startswith("--") and len(a) >= MIN_FLAG_PREFIX and FLAG.startswith(a)
                for a in cli_args)
 
 

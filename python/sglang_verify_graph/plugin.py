@@ -39,7 +39,7 @@ from typing import Callable
 
 from sglang_verify_graph import cli, profile_hooks
 from sglang_verify_graph import sglang_adapter as adapter
-from sglang_verify_graph.config import FLAG, read_env
+from sglang_verify_graph.config import ENV_ENABLE, ENV_PROFILE_EVERY, ENV_SYNC_CHECK, FLAG, read_env
 from sglang_verify_graph.counters import get_counters
 from sglang_verify_graph.errors import VerifyGraphConfigError
 from sglang_verify_graph.sync_check import get_sync_check, peek_sync_check
@@ -246,19 +246,31 @@ def install(runtime: bool, profile: bool = False, sync_check: bool = False) -> l
     return missing
 
 
-def unsupported_release_line() -> str:
-    """The one line a request for the plugin gets on an SGLang release outside
-    ``sglang_adapter.SUPPORTED_RANGE``."""
+def unsupported_release_line(request: str) -> str:
+    """The one line a request for the plugin (``request``: the flag or variable that asked for
+    it) gets on an SGLang release outside ``sglang_adapter.SUPPORTED_RANGE``."""
     lo, hi = adapter.SUPPORTED_RANGE
     return (f"error: {FLAG}: sglang {adapter.SGLANG_VERSION} is not supported by this plugin "
-            f"(supported: sglang {lo} to {hi}). Fix: install sglang>={lo},<={hi}, or remove {FLAG}.")
+            f"(supported: sglang {lo} to {hi}). Fix: install '{adapter.REQUIREMENT}', or remove "
+            f"{request}.")
 
 
-def _requested(env) -> bool:
-    """Whether this process asks for the plugin: the flag or the profile on the command line, or
-    any feature switch of ``env`` (an ``EnvSettings``; ``None``: a malformed variable)."""
-    return (env is None or env.enable or env.profile_every > 0 or env.sync_check
-            or adapter.argv_requests_flag(FLAG) or adapter.argv_requests_flag(cli.PROFILE_FLAG))
+def _request(env) -> str:
+    """What in this process asks for the plugin: the flag or the profile flag on the command
+    line (spelled out, ``=value`` or abbreviated), else the first feature variable of ``env``
+    (an ``EnvSettings``; ``None``, a malformed variable, asks for nothing); ``""`` when nothing
+    does."""
+    if adapter.argv_requests_flag(FLAG, cli.MIN_FLAG_PREFIX):
+        return FLAG
+    if adapter.argv_requests_flag(cli.PROFILE_FLAG, cli.MIN_PROFILE_FLAG_PREFIX):
+        return cli.PROFILE_FLAG
+    if env is None:
+        return ""
+    for on, name in ((env.enable, ENV_ENABLE), (env.profile_every > 0, ENV_PROFILE_EVERY),
+                     (env.sync_check, ENV_SYNC_CHECK)):
+        if on:
+            return name
+    return ""
 
 
 def register() -> None:
@@ -266,8 +278,8 @@ def register() -> None:
     ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0). Raises SystemExit(1) when the flag or the profile
     is requested (command line or environment) but a hook did not take effect, or the installed
     SGLang is outside ``sglang_adapter.SUPPORTED_RANGE`` (one line, :func:`unsupported_release_line`);
-    outside the range, a process that does not ask for the plugin gets nothing from it: no hook,
-    no output. A malformed ``SGLANG_VERIFY_GRAPH_*`` variable installs the CLI hooks only, so that
+    outside the range, a process that does not ask for the plugin (:func:`_request`) gets nothing
+    from it: no hook, no output. A malformed ``SGLANG_VERIFY_GRAPH_*`` variable installs the CLI hooks only, so that
     the server-args validation reports it (one line and exit 2 on the command line,
     ``VerifyGraphConfigError`` from ``sglang.Engine``)."""
     if not adapter.IN_RANGE:
@@ -275,8 +287,9 @@ def register() -> None:
             env = read_env()
         except VerifyGraphConfigError:
             env = None
-        if _requested(env):
-            print(unsupported_release_line(), file=sys.stderr)
+        request = _request(env)
+        if request:
+            print(unsupported_release_line(request), file=sys.stderr)
             raise SystemExit(1)
         return
     try:
@@ -300,7 +313,7 @@ def register() -> None:
     msg = (f"error: {FLAG}: the plugin could not hook into this SGLang version "
            f"(sglang {adapter.SGLANG_VERSION}; supported: {lo} to {hi}); "
            f"not applied: {'; '.join(missing)}")
-    if _requested(env):
+    if env.enable or profile or env.sync_check or _request(env):
         print(msg, file=sys.stderr)
         raise SystemExit(1)
     logger.error(msg)

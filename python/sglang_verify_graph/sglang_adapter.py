@@ -40,8 +40,12 @@ def _version_tuple(text: str) -> tuple:
 
 
 SUPPORTED_RANGE = ("0.5.16", "0.5.23")
-"""The oldest and newest SGLang release this plugin supports, inclusive (``pyproject.toml``'s
-dependency range says the same: a CPU test compares them)."""
+"""The oldest and newest SGLang release this plugin supports, inclusive, post releases of the
+newest included (``pyproject.toml``'s ``sglang>=0.5.16,<0.5.24`` says the same: a CPU test
+compares them)."""
+
+REQUIREMENT = "sglang>=0.5.16,<0.5.24"
+"""The pip requirement of :data:`SUPPORTED_RANGE` (``pyproject.toml``'s dependency)."""
 
 SUPPORTED_VERSIONS = tuple(f"0.5.{n}" for n in range(16, 24))
 """Every release in :data:`SUPPORTED_RANGE`, oldest first."""
@@ -65,7 +69,7 @@ RUNNER_CLS_HOOK: bool = _since("0.5.17")
 """0.5.17: ``capture_decode_graph`` builds the decode-graph runner as
 ``model_runner._decode_cuda_graph_runner_cls()(model_runner)`` and returns ``GraphCapture``
 (``DecodeGraphCapture`` is gone); the runner's ``can_run_graph`` no longer refuses a
-capture-hidden-mode mismatch (the mode is fixed at capture)."""
+capture-hidden-mode mismatch (the mode is fixed at capture; ``load_batch`` raises on one)."""
 
 DP_BATCH_SIZE_HELPER: bool = _since("0.5.18")
 """0.5.18: ``can_run_graph`` takes the DP batch size from ``_max_dp_batch_size(forward_batch)``
@@ -153,9 +157,16 @@ def kill_process_tree(pid: int, wait_timeout: float = 60) -> None:
     kill(pid, wait_timeout=wait_timeout)
 
 
-def argv_requests_flag(flag: str) -> bool:
-    """Whether this process's command line names ``flag``."""
-    return flag in sys.argv
+def argv_requests_flag(flag: str, min_prefix: int = 0) -> bool:
+    """Whether this process's command line gives ``flag``: spelled out, as ``flag=value``, or,
+    with ``min_prefix`` > 0, abbreviated as argparse accepts it (a prefix of at least
+    ``min_prefix`` characters)."""
+    for arg in sys.argv[1:]:
+        name = arg.split("=", 1)[0]
+        if name == flag or (0 < min_prefix <= len(name) and name.startswith("--")
+                            and flag.startswith(name)):
+            return True
+    return False
 
 
 # ---- classes and helpers the runner and backend build on -------------------------------------

@@ -9,6 +9,7 @@ test_hook_installation.py, test_sglang_versions.py and test_cpu_real_server_args
 from __future__ import annotations
 
 import logging
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -37,7 +38,7 @@ def registry(monkeypatch):
 
     monkeypatch.setattr(adapter, "install_hooks", install_hooks)
     monkeypatch.setattr(adapter, "install_attention_factory", install_attention_factory)
-    monkeypatch.setattr(adapter, "argv_requests_flag", lambda flag: False)
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", "m"])
     return rec
 
 
@@ -148,7 +149,7 @@ def test_register_installs_what_the_environment_asks_and_logs_it(registry, monke
 def test_register_exits_1_with_one_line_when_a_requested_hook_failed(registry, monkeypatch, capsys, fields):
     _env(monkeypatch, **fields)
     if not fields:
-        monkeypatch.setattr(adapter, "argv_requests_flag", lambda flag: flag == FLAG)
+        monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", "m", FLAG])
     registry.missing = ["x.y.z", "u.v.w"]
     with pytest.raises(SystemExit) as info:
         plugin.register()
@@ -159,14 +160,20 @@ def test_register_exits_1_with_one_line_when_a_requested_hook_failed(registry, m
                    "not applied: x.y.z; u.v.w\n")
 
 
-@pytest.mark.parametrize("fields", [dict(enable=True), dict(profile_every=1), dict(sync_check=True),
-                                    {"argv": FLAG}, {"argv": "--verify-graph-profile-every"}],
-                         ids=["flag", "profile", "sync_check", "flag_on_argv", "profile_on_argv"])
-def test_outside_the_range_a_request_gets_one_line(registry, monkeypatch, capsys, fields):
-    fields = dict(fields)
-    argv = fields.pop("argv", None)
+@pytest.mark.parametrize("fields,argv,asked_by", [
+    (dict(enable=True), [], "SGLANG_ENABLE_VERIFY_CUDA_GRAPH"),
+    (dict(profile_every=1), [], "SGLANG_VERIFY_GRAPH_PROFILE_EVERY"),
+    (dict(sync_check=True), [], "SGLANG_VERIFY_GRAPH_SYNC_CHECK"),
+    ({}, [FLAG], FLAG),
+    ({}, ["--enable-verify-cuda"], FLAG),
+    ({}, ["--verify-graph-profile-every", "5"], "--verify-graph-profile-every"),
+    ({}, ["--verify-graph-profile-every=5"], "--verify-graph-profile-every"),
+    ({}, ["--verify-graph"], "--verify-graph-profile-every"),
+], ids=["flag_env", "profile_env", "sync_check_env", "flag", "flag_abbreviated", "profile",
+        "profile_equals", "profile_abbreviated"])
+def test_outside_the_range_a_request_gets_one_line(registry, monkeypatch, capsys, fields, argv, asked_by):
     _env(monkeypatch, **fields)
-    monkeypatch.setattr(adapter, "argv_requests_flag", lambda flag: flag == argv)
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", "m", *argv])
     monkeypatch.setattr(adapter, "IN_RANGE", False)
     monkeypatch.setattr(adapter, "SGLANG_VERSION", "0.5.24")
     with pytest.raises(SystemExit) as info:
@@ -174,8 +181,23 @@ def test_outside_the_range_a_request_gets_one_line(registry, monkeypatch, capsys
     assert info.value.code == 1
     assert capsys.readouterr().err == (
         f"error: {FLAG}: sglang 0.5.24 is not supported by this plugin (supported: sglang 0.5.16 to "
-        f"0.5.23). Fix: install sglang>=0.5.16,<=0.5.23, or remove {FLAG}.\n")
+        f"0.5.23). Fix: install 'sglang>=0.5.16,<0.5.24', or remove {asked_by}.\n")
     assert registry.calls == [] and registry.factories == []
+
+
+@pytest.mark.parametrize("argv", [[], ["--enable-"], ["--enable-metrics"], ["--verify-"]],
+                         ids=["none", "ambiguous_prefix", "other_flag", "short_prefix"])
+def test_outside_the_range_an_other_launch_gets_nothing(registry, monkeypatch, capsys, argv):
+    """Other options, and prefixes too short for argparse to mean the plugin's flags, ask for
+    nothing; nor does a malformed variable of the plugin."""
+    def bad_env():
+        raise VerifyGraphConfigError("must be an integer", "SGLANG_VERIFY_GRAPH_LOG_EVERY", "x", "set it to 0")
+
+    monkeypatch.setattr(plugin, "read_env", bad_env)
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", "m", *argv])
+    monkeypatch.setattr(adapter, "IN_RANGE", False)
+    plugin.register()
+    assert registry.calls == [] and capsys.readouterr() == ("", "")
 
 
 def test_outside_the_range_nothing_is_installed_or_printed_without_a_request(registry, monkeypatch, capsys,

@@ -49,13 +49,17 @@ def test_package_metadata_admits_the_supported_range_only():
     from importlib.metadata import requires
     from pathlib import Path
 
+    from packaging.requirements import Requirement
+
     lo, hi = sa.SUPPORTED_RANGE
-    expected = f"sglang<={hi},>={lo}"
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    assert [r.replace(" ", "") for r in pyproject["project"]["dependencies"]] == [f"sglang>={lo},<={hi}"]
-    installed = [r.replace(" ", "") for r in requires("sglang-verify-graph")]
-    assert len(installed) == 1
-    assert sorted(installed[0][len("sglang"):].split(",")) == sorted(expected[len("sglang"):].split(","))
+    assert pyproject["project"]["dependencies"] == [sa.REQUIREMENT]
+    (installed,) = [Requirement(r) for r in requires("sglang-verify-graph")]
+    assert installed.name == "sglang" and installed.specifier == Requirement(sa.REQUIREMENT).specifier
+    admitted = [v for v in ("0.5.15", lo, *sa.SUPPORTED_VERSIONS, hi, f"{hi}.post1", "0.5.24rc1", "0.5.24")
+                if installed.specifier.contains(v, prereleases=True)]
+    assert admitted == [lo, *sa.SUPPORTED_VERSIONS, hi, f"{hi}.post1"]
+    assert [sa._version_tuple(v) <= sa._version_tuple(hi) for v in (f"{hi}.post1", "0.5.24rc1")] == [True, False]
 
 
 def test_the_scripts_releases_are_the_adapters():
