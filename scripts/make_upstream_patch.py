@@ -169,8 +169,7 @@ def _native_runner(text: str) -> str:
 def _native_capture(text: str) -> str:
     # Natively SGLang 0.5.16 builds the runner in capture_decode_graph: the constructor class of
     # later releases (``cls(model_runner)``) has no caller.
-    text = drop_definitions(text, "verify_graph_capture", "VerifyCudaGraphRunnerFromModelRunner",
-                            "verify_runner_cls")
+    text = drop_definitions(text, "verify_graph_capture", "VerifyCudaGraphRunnerFromModelRunner")
     return _name_triton_backend(text, "    if type(backend) is not adapter.triton_attn_backend_cls():",
                                 "verify_graph_capture")
 

@@ -39,16 +39,16 @@ if [ -n "${PYTHON:-}" ]; then
   exit $?
 fi
 
-case " all $VERSIONS " in
-  *" ${SGLANG_VERSION:-all} "*) ;;
-  *) echo "run_cpu_tests.sh: unsupported SGLANG_VERSION '$SGLANG_VERSION' (one of: $VERSIONS; or all)" >&2; exit 2 ;;
-esac
-[ "${SGLANG_VERSION:-all}" = all ] && versions=($VERSIONS) || versions=("$SGLANG_VERSION")
+if [ "${SGLANG_VERSION:-all}" = all ]; then
+  versions=($VERSIONS)
+else
+  bash scripts/sglang_versions.sh --venv "$SGLANG_VERSION" > /dev/null || exit 2
+  versions=("$SGLANG_VERSION")
+fi
 
 status=0
 for v in "${versions[@]}"; do
-  venv=$ROOT/.venv${v##*.}
-  [ "$v" = "$FIRST" ] && venv=$ROOT/.venv
+  venv=$(bash scripts/sglang_versions.sh --venv "$v")
   if [ ! -x "$venv/bin/python" ]; then
     echo "run_cpu_tests.sh: $venv missing; run: SGLANG_VERSION=$v bash scripts/setup_cpu_env.sh" >&2
     status=1

@@ -32,10 +32,7 @@ VERSIONS=$(bash "$ROOT/scripts/sglang_versions.sh")  # the supported releases, o
 FIRST=${VERSIONS%% *}
 
 venv_for() {  # the default venv of an SGLang release
-  case " $VERSIONS " in
-    *" $1 "*) [ "$1" = "$FIRST" ] && echo "$ROOT/.venv" || echo "$ROOT/.venv${1##*.}" ;;
-    *) echo "setup_cpu_env.sh: unsupported SGLANG_VERSION '$1' (one of: $VERSIONS; or all)" >&2; return 1 ;;
-  esac
+  bash "$ROOT/scripts/sglang_versions.sh" --venv "$1"
 }
 
 site_packages() {  # site_packages <venv>: its purelib directory

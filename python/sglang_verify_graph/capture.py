@@ -195,9 +195,3 @@ class VerifyCudaGraphRunnerFromModelRunner(VerifyCudaGraphRunner):
     def _build(self, model_runner, cfg, counters):
         VerifyCudaGraphRunner.__init__(self, model_runner, cfg, counters)
         return self
-
-
-def verify_runner_cls() -> type:
-    """The runner class ``ModelRunner._decode_cuda_graph_runner_cls`` returns for a target the
-    verify graph serves (SGLang 0.5.17 on)."""
-    return VerifyCudaGraphRunnerFromModelRunner

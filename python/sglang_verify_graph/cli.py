@@ -278,11 +278,21 @@ def config_file_path(cli_args: list) -> Optional[str]:
     return None
 
 
+def gives_option(cli_args: list, option: str, min_prefix: int) -> bool:
+    """Whether ``cli_args`` (list of str) gives the long ``option``: spelled out, as
+    ``option=value``, or abbreviated as argparse accepts it (a prefix of at least ``min_prefix``
+    characters)."""
+    for arg in cli_args:
+        name = arg.split("=", 1)[0]
+        if name.startswith("--") and len(name) >= min_prefix and option.startswith(name):
+            return True
+    return False
+
+
 def cli_gives_flag(cli_args: list) -> bool:
     """Whether ``cli_args`` (list of str) holds the flag, spelled out or abbreviated as argparse
     allows (e.g. ``--enable-verify-cuda``)."""
-    return any(a.startswith("--") and len(a) >= MIN_FLAG_PREFIX and FLAG.startswith(a)
-               for a in cli_args)
+    return gives_option(cli_args, FLAG, MIN_FLAG_PREFIX)
 
 
 def check_flag_sources(cli_args: list, config: Any, config_path: str = "config file",

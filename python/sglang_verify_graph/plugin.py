@@ -91,7 +91,7 @@ def decode_runner_cls_hook(original: Callable, model_runner, *args, **kwargs):
     cls = original(model_runner, *args, **kwargs)
     capture = _capture()
     if capture.verify_runner_kind(model_runner) is not None and adapter.is_eagle_topk1_target(model_runner):
-        return capture.verify_runner_cls()
+        return capture.VerifyCudaGraphRunnerFromModelRunner
     capture.refuse_if_flag_lost(model_runner)
     return cls
 
@@ -260,9 +260,9 @@ def _request(env) -> str:
     line (spelled out, ``=value`` or abbreviated), else the first feature variable of ``env``
     (an ``EnvSettings``; ``None``, a malformed variable, asks for nothing); ``""`` when nothing
     does."""
-    if adapter.argv_requests_flag(FLAG, cli.MIN_FLAG_PREFIX):
+    if cli.cli_gives_flag(sys.argv[1:]):
         return FLAG
-    if adapter.argv_requests_flag(cli.PROFILE_FLAG, cli.MIN_PROFILE_FLAG_PREFIX):
+    if cli.gives_option(sys.argv[1:], cli.PROFILE_FLAG, cli.MIN_PROFILE_FLAG_PREFIX):
         return cli.PROFILE_FLAG
     if env is None:
         return ""
@@ -313,7 +313,7 @@ def register() -> None:
     msg = (f"error: {FLAG}: the plugin could not hook into this SGLang version "
            f"(sglang {adapter.SGLANG_VERSION}; supported: {lo} to {hi}); "
            f"not applied: {'; '.join(missing)}")
-    if env.enable or profile or env.sync_check or _request(env):
+    if _request(env):
         print(msg, file=sys.stderr)
         raise SystemExit(1)
     logger.error(msg)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib.util
 import pkgutil
 import re
-import sys
 from typing import Any, Callable, Iterable
 
 import sglang
@@ -41,21 +40,23 @@ def _version_tuple(text: str) -> tuple:
 
 SUPPORTED_RANGE = ("0.5.16", "0.5.23")
 """The oldest and newest SGLang release this plugin supports, inclusive, post releases of the
-newest included (``pyproject.toml``'s ``sglang>=0.5.16,<0.5.24`` says the same: a CPU test
-compares them)."""
+newest included (``pyproject.toml``'s dependency is :data:`REQUIREMENT`: a CPU test compares them)."""
 
-REQUIREMENT = "sglang>=0.5.16,<0.5.24"
-"""The pip requirement of :data:`SUPPORTED_RANGE` (``pyproject.toml``'s dependency)."""
+_OLDEST, _NEWEST = (_version_tuple(v) for v in SUPPORTED_RANGE)
 
-SUPPORTED_VERSIONS = tuple(f"0.5.{n}" for n in range(16, 24))
-"""Every release in :data:`SUPPORTED_RANGE`, oldest first."""
+REQUIREMENT = (f"sglang>={SUPPORTED_RANGE[0]},"
+               f"<{_NEWEST[0]}.{_NEWEST[1]}.{_NEWEST[2] + 1}")
+"""The pip requirement of :data:`SUPPORTED_RANGE`: ``"sglang>=0.5.16,<0.5.24"``."""
+
+SUPPORTED_VERSIONS = tuple(f"{_OLDEST[0]}.{_OLDEST[1]}.{n}" for n in range(_OLDEST[2], _NEWEST[2] + 1))
+"""Every release in :data:`SUPPORTED_RANGE`, oldest first (both ends share major.minor)."""
 
 SGLANG_VERSION: str = str(getattr(sglang, "__version__", "0"))
 """``sglang.__version__`` of the installed SGLang, read once at import."""
 
 _INSTALLED = _version_tuple(SGLANG_VERSION)
 
-IN_RANGE: bool = _version_tuple(SUPPORTED_RANGE[0]) <= _INSTALLED <= _version_tuple(SUPPORTED_RANGE[1])
+IN_RANGE: bool = _OLDEST <= _INSTALLED <= _NEWEST
 """Whether the installed SGLang is a supported release (post releases of one count as it)."""
 
 
@@ -155,18 +156,6 @@ def kill_process_tree(pid: int, wait_timeout: float = 60) -> None:
     from sglang.srt.utils import kill_process_tree as kill
 
     kill(pid, wait_timeout=wait_timeout)
-
-
-def argv_requests_flag(flag: str, min_prefix: int = 0) -> bool:
-    """Whether this process's command line gives ``flag``: spelled out, as ``flag=value``, or,
-    with ``min_prefix`` > 0, abbreviated as argparse accepts it (a prefix of at least
-    ``min_prefix`` characters)."""
-    for arg in sys.argv[1:]:
-        name = arg.split("=", 1)[0]
-        if name == flag or (0 < min_prefix <= len(name) and name.startswith("--")
-                            and flag.startswith(name)):
-            return True
-    return False
 
 
 # ---- classes and helpers the runner and backend build on -------------------------------------

@@ -293,7 +293,8 @@ def test_capture_decode_graph_hook_captures_ours_or_refuses_a_lost_flag(core, mo
 @pytest.mark.parametrize("kind, target, ours", [("chain", True, True), ("chain", False, False), (None, True, False)])
 def test_decode_runner_cls_hook_gives_our_class_to_the_served_target_only(core, monkeypatch, kind, target, ours):
     monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda mr: target and mr == "MR")
-    fake = core(verify_runner_kind=lambda mr: kind if mr == "MR" else None, verify_runner_cls="OursCls")
+    fake = core(verify_runner_kind=lambda mr: kind if mr == "MR" else None)
+    fake.VerifyCudaGraphRunnerFromModelRunner = "OursCls"  # a class attribute, not a call
     got = plugin.decode_runner_cls_hook(lambda mr, *a, **k: ("UpstreamCls", mr, a, k), "MR", 7, x=1)
     assert got == ("OursCls" if ours else ("UpstreamCls", "MR", (7,), {"x": 1}))
     assert (("refuse_if_flag_lost", ("MR",), {}) in fake.calls) is (not ours)

@@ -278,12 +278,12 @@ def test_runner_cls_is_built_with_model_runner_only(monkeypatch):
     monkeypatch.setattr(VerifyCudaGraphRunner, "__init__", fake_init)
     cfg = SimpleNamespace(log_every=0)
     mr = SimpleNamespace(attn_backend=SimpleNamespace(verify_cfg=cfg), device="cpu", gpu_id=0)
-    runner = capture.verify_runner_cls()(mr)
+    runner = capture.VerifyCudaGraphRunnerFromModelRunner(mr)
     assert isinstance(runner, VerifyCudaGraphRunner)
     assert seen["model_runner"] is mr and seen["cfg"] is cfg
     assert C.get_counters() is seen["counters"] and seen["counters"].capture_bs == [1, 2]
     with pytest.raises(RuntimeError, match="unexpected arguments"):
-        capture.verify_runner_cls()(mr, attn_backend=None)
+        capture.VerifyCudaGraphRunnerFromModelRunner(mr, attn_backend=None)
 
 
 @before_runner_cls_hook

@@ -113,7 +113,7 @@ def test_series_shape(series):
     assert "sgl_verify_kernel" not in text
     # the native modules carry the pinned version's branch only: no switch on newer SGLang
     for name in ("RUNNER_CLS_HOOK", "RESOLVE_ONCE", "_since", "VerifyCudaGraphRunnerFromModelRunner",
-                 "verify_runner_cls", "sglang_adapter", "triton_attn_backend_cls",
+                 "sglang_adapter", "triton_attn_backend_cls",
                  "decode_cuda_graph_runner_cls"):
         assert name not in text, name
     for p in patches:
