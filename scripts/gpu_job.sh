@@ -8,7 +8,7 @@
 # restore .device-bundle/jitcache.tar.xz (kernel caches of the previous call) if present, install
 # this project so its sglang.srt.plugins entry point is visible (pip -e offline; fallback: a
 # minimal .dist-info in /tmp/site + python/ and sgl-kernel/ on PYTHONPATH), write the dummy models
-# (python3 -m sglang_verify_graph.dummy_models /tmp/models), print versions + nvidia-smi. Then
+# (python3 -m bench.models.dummy_models /tmp/models), print versions + nvidia-smi. Then
 # `python3 test/run_suite.py $SUITE` runs the stages (each in its own process group with its own
 # limit; budget TOTAL_S - RESERVE_S; PARALLEL=1; the sanitizer verdict; the summary lines and the
 # result files in $OUT: see its docstring). Last, this script packs the kernel caches and logs.
@@ -122,7 +122,7 @@ else
   plugin_ok >> "$LOGS/install.txt" && say "install: fallback ok" || say "install: FALLBACK FAILED (see logs/install.txt)"
 fi
 # the dummy models (config-only folders for --load-format dummy); needs the plugin installed above
-python3 -m sglang_verify_graph.dummy_models "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "dummy_models FAILED: $(tail -3 "$LOGS/make_models.txt")"
+python3 -m bench.models.dummy_models "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "dummy_models FAILED: $(tail -3 "$LOGS/make_models.txt")"
 say "== setup done in $(el)s; CUDA_HOME=${CUDA_HOME:-none}; $(nvcc --version 2>/dev/null | tail -1)"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>/dev/null | head -2 | tr '\n' ' ')"
 say "cpu: $(nproc) x$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"

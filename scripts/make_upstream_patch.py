@@ -48,14 +48,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "python" / "sglang_verify_graph"
-KERNEL = ROOT / "sgl-kernel" / "sgl_verify_kernel"
+KERNEL = ROOT / "sgl-kernel" / "sglang_verify_graph.kernel"
 AUTHOR = "sglang-verify-graph <sglang-verify-graph@users.noreply.github.com>"
 DATE = "Sat, 29 Nov 2026 00:00:00 +0000"
 TOTAL = 6
 
 # plugin module -> native module (dotted, under the ``sglang`` package)
 NATIVE = {
-    "sgl_verify_kernel": "sglang.kernels.ops.attention.chain_verify",
+    "sglang_verify_graph.kernel": "sglang.kernels.ops.attention.chain_verify",
     "sglang_verify_graph.errors": "sglang.srt.speculative.verify_graph_errors",
     "sglang_verify_graph.env": "sglang.srt.speculative.verify_graph_env",
     "sglang_verify_graph.config": "sglang.srt.speculative.verify_graph_config",
@@ -64,9 +64,9 @@ NATIVE = {
     "sglang_verify_graph.runner": "sglang.srt.model_executor.runner.verify_cuda_graph_runner",
     "sglang_verify_graph.counters": "sglang.srt.model_executor.runner.verify_graph_counters",
     "sglang_verify_graph.buffers": "sglang.srt.model_executor.runner.verify_graph_buffers",
-    "sglang_verify_graph.selftest": "sglang.srt.model_executor.runner.verify_graph_selftest",
+    "sglang_verify_graph.debug.selftest": "sglang.srt.model_executor.runner.verify_graph_selftest",
     "sglang_verify_graph.capture": "sglang.srt.model_executor.runner.verify_graph_capture",
-    "sglang_verify_graph.sglang_adapter": "sglang.srt.model_executor.runner.verify_graph_utils",
+    "sglang_verify_graph.compat.sglang_adapter": "sglang.srt.model_executor.runner.verify_graph_utils",
 }
 
 # Mentions of the plugin's own machinery in docstrings and comments -> their native counterparts.
@@ -86,9 +86,9 @@ PROSE = (
     ("TARGET_VERIFY the plugin's graph replays", "TARGET_VERIFY the verify graph replays"),
     ("``backends.py``", "``verify_graph_backends``"),
     ("Policy for the hooks of ``plugin.py``", "Policy for ``capture_decode_graph``"),
-    ("(``sgl-kernel/sgl_verify_kernel``)", "(``sglang.kernels.ops.attention.chain_verify``)"),
-    ("``sgl_verify_kernel``", "``chain_verify``"),
-    ("sgl_verify_kernel.workspace_numel", "chain_verify.workspace_numel"),
+    ("(``sgl-kernel/sglang_verify_graph.kernel``)", "(``sglang.kernels.ops.attention.chain_verify``)"),
+    ("``sglang_verify_graph.kernel``", "``chain_verify``"),
+    ("sglang_verify_graph.kernel.workspace_numel", "chain_verify.workspace_numel"),
 )
 
 
@@ -124,7 +124,7 @@ def check_native(name: str, text: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             mods = [node.module]
         for mod in mods:
-            if mod.split(".")[0] in ("sglang_verify_graph", "sgl_verify_kernel"):
+            if mod.split(".")[0] in ("sglang_verify_graph", "sglang_verify_graph.kernel"):
                 raise AnchorError(f"{name}: import of {mod} survived the rewrite")
 
 
@@ -577,9 +577,9 @@ def native_modules() -> dict[str, str]:
               "sglang_verify_graph.capture": _native_capture}
     texts = {}
     for plugin in NATIVE:
-        if plugin == "sglang_verify_graph.sglang_adapter":
+        if plugin == "sglang_verify_graph.compat.sglang_adapter":
             continue
-        src = (KERNEL / "chain_verify_attention.py" if plugin == "sgl_verify_kernel"
+        src = (KERNEL / "chain_verify_attention.py" if plugin == "sglang_verify_graph.kernel"
                else PLUGIN / (plugin.rpartition(".")[2] + ".py"))
         texts[plugin] = plugin_module(src, NATIVE[plugin], extras.get(plugin))[1]
     used = adapter_names_used(list(texts.values()))
@@ -588,7 +588,7 @@ def native_modules() -> dict[str, str]:
     lacking = used - defined_names(utils)
     if lacking:
         raise AnchorError(f"verify_graph_utils lacks {sorted(lacking)} called as adapter.<name>")
-    texts["sglang_verify_graph.sglang_adapter"] = utils
+    texts["sglang_verify_graph.compat.sglang_adapter"] = utils
     return texts
 
 
@@ -602,7 +602,7 @@ def build(src: Path, out: Path) -> list[Path]:
     texts = native_modules()
 
     def new(short: str) -> str:
-        plugin = short if short == "sgl_verify_kernel" else f"sglang_verify_graph.{short}"
+        plugin = short if short == "sglang_verify_graph.kernel" else f"sglang_verify_graph.{short}"
         rel = prefix + native_path(NATIVE[plugin])[len("sglang/"):]
         if (root / rel).exists():
             raise AnchorError(f"{rel} already exists in {root}: is the series applied already?")
@@ -622,7 +622,7 @@ def build(src: Path, out: Path) -> list[Path]:
                     "A decode-class Triton kernel for the target verify of a linear (topk=1) draft chain:\n"
                     "reads the page table directly, folds the draft tokens and the GQA group (or MLA's\n"
                     "heads) into one tile, masks per draft position (no tree mask), splits the KV.",
-                    [new("sgl_verify_kernel")]),
+                    [new("sglang_verify_graph.kernel")]),
         (2, "server_args: --enable-verify-cuda-graph and its validation",
                     "Adds ServerArgs.enable_verify_cuda_graph and validates the resolved configuration at the\n"
                     "end of __post_init__ (EAGLE/EAGLE3 topk 1, a served attention backend, decode CUDA graphs\n"

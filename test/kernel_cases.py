@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_verify_kernel import (
+from sglang_verify_graph.kernel import (
     ChainVerifyShape,
     chain_verify_attention_fwd,
     chain_verify_attention_ref,

@@ -96,7 +96,7 @@ class Stage:
     ``env``: variables set for the stage (a string, or an :class:`Arg`: its words joined).
     ``alone``: never beside other stages (timing; compute-sanitizer). ``memcheck`` ``kernel``:
     the command runs under compute-sanitizer; ``server``: the test servers do. ``needs_pair``:
-    the constructed target/draft pair (``scripts/accept_pair.py``, real weights) is made first;
+    the constructed target/draft pair (``bench/models/accept_pair.py``, real weights) is made first;
     ``needs_attn_pair``: its attention pair (``accept_pair.py --attention``).
     ``report``: its benchmark lines for the summary (``bench``, ``speedup``, ``capture``, ``kbench``) and
     ``results``: the JSON it writes in ``{work}``, copied into ``$OUT``. ``e2e_report``: its
@@ -296,16 +296,16 @@ SANITIZER = Group("sanitizer", (_SAN_KERNEL, _SAN_SERVER))  # both: 148 s alone
 
 BENCH_ST = Stage(  # --quick (llama-small, 1k, bs 1, 32 tokens): 3 engine starts of ~30-40 s; the full
     # llama-8b default (BENCH_ARGS="") 210 s
-    "bench", ("python3", "benchmark/bench_verify.py", "--out", "{work}/bench_results.json", "--log-dir", "{logs}/bench",
+    "bench", ("python3", "bench/verify.py", "--out", "{work}/bench_results.json", "--log-dir", "{logs}/bench",
               "--models-dir", "{models}", "--mode-timeout", Arg("BENCH_MODE_TMO", "150")),
     "BENCH_TMO", 270, 120, kind="bench", extra=Arg("BENCH_ARGS", "--quick"), alone=True, report="bench",
     results="bench_results.json")
 KBENCH_ST = Stage(  # one verify layer's attention op, CUDA-graph replays: 109 s for 18 Kimi MLA points with --block-rows 16 32
-    "kbench", ("python3", "benchmark/bench_chain_kernel.py", "--out", "{work}/kernel_results.json"),
+    "kbench", ("python3", "bench/kernel.py", "--out", "{work}/kernel_results.json"),
     "KBENCH_TMO", 240, 110, kind="bench", extra=Arg("KBENCH_ARGS"), alone=True, report="kbench",
     results="kernel_results.json")
 CAPTURE_ST = Stage(  # repeated engine starts: 316 s for 3 repeats x 2 modes on llama-8b
-    "capture", ("python3", "benchmark/bench_capture.py", "--out", "{work}/capture_results.json", "--log-dir",
+    "capture", ("python3", "bench/capture.py", "--out", "{work}/capture_results.json", "--log-dir",
                 "{logs}/capture", "--mode-timeout", Arg("BENCH_MODE_TMO", "150"), "--models-dir", "{models}"),
     "CAPTURE_TMO", 300, 320, kind="bench", extra=Arg("CAPTURE_ARGS"), alone=True, report="capture",
     results="capture_results.json")
@@ -313,14 +313,14 @@ CAPTURE_ST = Stage(  # repeated engine starts: 316 s for 3 repeats x 2 modes on 
 SPEEDUP_ST = Stage(  # est: measured 438 s on the H200 with a warm kernel cache (bench_speedup.py's own
     # ESTIMATE for its default grid: 463 s); a cold kernel cache adds ~60 s; SPEEDUP_ARGS="--repeats 1"
     # for a third of the points' time
-    "speedup", ("python3", "benchmark/bench_speedup.py", "--out", "{work}/speedup_results.json", "--md",
+    "speedup", ("python3", "bench/speedup.py", "--out", "{work}/speedup_results.json", "--md",
                 "{logs}/speedup/speedup_table.md", "--log-dir", "{logs}/speedup", "--pair-dir", "{models}",
                 "--mode-timeout", Arg("SPEEDUP_MODE_TMO", "300")),
     "SPEEDUP_TMO", 540, 440, kind="bench", extra=Arg("SPEEDUP_ARGS"), alone=True, report="speedup",
     results="speedup_results.json")
 
 DEMO_ST = Stage(  # three server starts (~60-140 s each, the first compiles Triton on a cold cache) + ~10 s of requests each
-    "demo", ("python3", "-m", "sglang_verify_graph.demo", "--workdir", "{work}/demo", "--out",
+    "demo", ("python3", "-m", "bench.demo.cli", "--workdir", "{work}/demo", "--out",
              "{work}/demo_results.json"),
     "DEMO_TMO", 480, 250, kind="bench", extra=Arg("DEMO_ARGS"), alone=True, report="demo",
     results="demo_results.json")
@@ -369,7 +369,7 @@ SHARD_SWEEP_LEAN = ("--model kimi-k25-shard --steps 3 --contexts 1024,16384 --ba
 
 def _shard_bench(name: str, args: str, tmo_s: int, est_s: int, mode_tmo: str) -> Stage:
     return Stage(
-        name, ("python3", "benchmark/bench_verify.py", "--out", f"{{work}}/{name}_results.json", "--log-dir",
+        name, ("python3", "bench/verify.py", "--out", f"{{work}}/{name}_results.json", "--log-dir",
                f"{{logs}}/{name}", "--models-dir", "{models}", "--mode-timeout", Arg("SHARD_BENCH_MODE_TMO", mode_tmo)),
         f"{name.upper()}_TMO", tmo_s, est_s, kind="bench", extra=Arg(f"{name.upper()}_ARGS", args), alone=True,
         report="bench", results=f"{name}_results.json")
@@ -380,7 +380,7 @@ def _shard_bench(name: str, args: str, tmo_s: int, est_s: int, mode_tmo: str) ->
 SHARD_BENCH_ST = _shard_bench("shard_bench", SHARD_SWEEP, 1500, 1080, "600")
 SHARD_BENCH_LEAN_ST = _shard_bench("shard_bench_lean", SHARD_SWEEP_LEAN, 545, 480, "300")
 SHARD_WRAPPED_ST = Stage(  # est (not measured): one engine start ~120-150 s + 2 points; sglang.Engine, text model only
-    "shard_wrapped", ("python3", "benchmark/bench_verify.py", "--out", "{work}/shard_wrapped_results.json",
+    "shard_wrapped", ("python3", "bench/verify.py", "--out", "{work}/shard_wrapped_results.json",
                       "--log-dir", "{logs}/shard_wrapped", "--models-dir", "{models}", "--mode-timeout", "400",
                       "--require-replays"),
     "SHARD_WRAPPED_TMO", 450, 180, kind="bench", alone=True, report="bench", results="shard_wrapped_results.json",
@@ -394,7 +394,7 @@ SHARD_FLOOR_ARGS = ("--model kimi-k25-shard --modes plain,ours --steps 2 --conte
 # est: measured 210 s on the H200 (2 engines: 111 and 96 s, starts of 53 and 41 s)
 SHARD_FLOOR_ST = _shard_bench("shard_floor", SHARD_FLOOR_ARGS, 480, 210, "230")
 SHARD_PARTS_ST = Stage(  # est: measured 39 s on the H200 (one shard layer, 11 timed points of 60 replays)
-    "shard_parts", ("python3", "benchmark/bench_verify_parts.py", "--out", "{work}/shard_parts_results.json"),
+    "shard_parts", ("python3", "bench/parts.py", "--out", "{work}/shard_parts_results.json"),
     "SHARD_PARTS_TMO", 150, 40, kind="bench", alone=True, results="shard_parts_results.json",
     extra=Arg("SHARD_PARTS_ARGS", "--batch-sizes 8 --contexts 1024,4096 --ndt 3"))
 SHARD_CAPTURE_ARGS = ("--model kimi-k25-shard --repeats 3 --steps 2 --batch-sizes 1,4,8,16,32 "
@@ -403,7 +403,7 @@ SHARD_CAPTURE_ARGS = ("--model kimi-k25-shard --repeats 3 --steps 2 --batch-size
 (the buckets of the shard sweep)."""
 # est: measured 435 s on the H200 (6 engine starts of 58-84 s: dummy init of 72 GiB, 61-layer captures)
 SHARD_CAPTURE_ST = Stage(
-    "shard_capture", ("python3", "benchmark/bench_capture.py", "--out", "{work}/shard_capture_results.json",
+    "shard_capture", ("python3", "bench/capture.py", "--out", "{work}/shard_capture_results.json",
                       "--log-dir", "{logs}/shard_capture", "--mode-timeout", "200", "--models-dir", "{models}"),
     "SHARD_CAPTURE_TMO", 520, 450, kind="bench", alone=True, report="capture",
     results="shard_capture_results.json", extra=Arg("SHARD_CAPTURE_ARGS", SHARD_CAPTURE_ARGS))
@@ -427,7 +427,7 @@ SHARD_REST_16K_S3_ST = _shard_bench("shard_rest_16k_s3", "--steps 3 --contexts 1
 # ------------------------------------------------------------------------------ the suites
 SUITES: dict[str, Suite] = {
     "demo": Suite(
-        "the main job: python -m sglang_verify_graph.demo (plain / upstream EAGLE-3 / ours on the "
+        "the main job: python -m bench demo (plain / upstream EAGLE-3 / ours on the "
         "stock server, concurrency 1 and 8, counters, one table; DEMO_ARGS, e.g. --model kimi-small)",
         250, (DEMO_ST,)),
     "kernel": Suite(
@@ -462,7 +462,7 @@ SUITES: dict[str, Suite] = {
         "--quick unless BENCH_ARGS is set)", 120, (BENCH_ST,)),
     "speedup": Suite(
         "measured EAGLE-3 speed-up with set accept lengths (1.5-3.0 at num_steps 3) on the Llama-3.1-8B-"
-        "shape pair (scripts/accept_pair.py --shape llama8b, built first): plain / upstream / ours "
+        "shape pair (bench/models/accept_pair.py --shape llama8b, built first): plain / upstream / ours "
         "tok/s at bs 1, 4, 16 x ctx 1k, 8k, and the advisor's prediction against it (SPEEDUP_ARGS)",
         440, (SPEEDUP_ST,), total_s=595),
     "kbench": Suite(

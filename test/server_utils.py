@@ -28,7 +28,7 @@ ACCEPT_PAIR_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pyto
                     "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
                     "--skip-tokenizer-init", "--grammar-backend", "none", "--mem-fraction-static", "0.4",
                     "--cuda-graph-max-bs-decode", "8", "--context-length", "4096", "--random-seed", "0"]
-"""The server flags of the accept-pair e2e tests (``scripts/accept_pair.py``'s pairs): triton,
+"""The server flags of the accept-pair e2e tests (``bench/models/accept_pair.py``'s pairs): triton,
 greedy over token ids (no tokenizer, no radix cache), decode buckets up to 8 requests."""
 
 SHARED_GPU_ENV = "VERIFY_GRAPH_SHARED_GPU_TOKENS"

@@ -44,7 +44,7 @@ class VerifyStaticBuffers:
 
     ``chain_out_numel`` / ``chain_lse_numel``: fp32 split-KV partials of the chain attention,
     shared by all layers and buckets (sized for the bucket that needs most, see
-    ``sgl_verify_kernel.workspace_numel``).
+    ``sglang_verify_graph.kernel.workspace_numel``).
     """
 
     max_bs: int

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.backends import NATIVE_BACKEND_CLASSES
 from sglang_verify_graph.chain_backend import ChainDraftExtendTritonBackend, ChainVerifyTritonBackend
 from sglang_verify_graph.config import VerifyGraphConfig, build_config
@@ -24,7 +24,7 @@ from sglang_verify_graph.counters import (
 )
 from sglang_verify_graph.errors import VerifyGraphConfigError
 from sglang_verify_graph.runner import VerifyCudaGraphRunner
-from sglang_verify_graph.selftest import NO_DRAFT_EXTEND_PROBE, DraftExtendSelfTest
+from sglang_verify_graph.debug.selftest import NO_DRAFT_EXTEND_PROBE, DraftExtendSelfTest
 
 logger = logging.getLogger("sglang_verify_graph")
 

@@ -1,5 +1,5 @@
 """The attention path of the verify graph: SGLang's triton backend with TARGET_VERIFY served by
-the split-KV chain kernel (``sgl_verify_kernel``), for MHA/GQA (Llama) and absorbed MLA
+the split-KV chain kernel (``sglang_verify_graph.kernel``), for MHA/GQA (Llama) and absorbed MLA
 (DeepSeek-V3 / Kimi-K2.5, where q/k are 576 = kv_lora_rank 512 + rope 64 wide and v is the
 512-wide latent).
 
@@ -33,13 +33,13 @@ from typing import Optional
 
 import torch
 
-from sgl_verify_kernel import (
+from sglang_verify_graph.kernel import (
     ChainVerifyShape,
     chain_verify_attention_fwd,
     choose_num_kv_splits,
     workspace_numel,
 )
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph.errors import VerifyGraphConfigError
 

@@ -30,7 +30,7 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import (
     ATTR_CONFIG,
     ATTR_ENABLE,

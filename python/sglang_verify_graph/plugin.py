@@ -38,11 +38,11 @@ import sys
 from typing import Callable
 
 from sglang_verify_graph import cli, profile_hooks
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import ENV_ENABLE, ENV_PROFILE_EVERY, ENV_SYNC_CHECK, FLAG, read_env
 from sglang_verify_graph.counters import get_counters
 from sglang_verify_graph.errors import VerifyGraphConfigError
-from sglang_verify_graph.sync_check import get_sync_check, peek_sync_check
+from sglang_verify_graph.debug.sync_check import get_sync_check, peek_sync_check
 
 logger = logging.getLogger("sglang_verify_graph")
 

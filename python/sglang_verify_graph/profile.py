@@ -13,7 +13,7 @@ time; it returns ``None`` while the host copy is not complete (the adapter reads
 ``accept_lens`` SGLang copies to the host for its own output processing).
 
 Every ``every`` drained cycles one line per rank is logged, in the advisor's format
-(:mod:`sglang_verify_graph.advisor_inputs`)::
+(:mod:`sglang_verify_graph.advisor.inputs`)::
 
     verify_graph_profile rank=0 cycles=200 tokens=1544 bs=4 num_steps=3 cycle_ms=9.10 \\
         draft_ms=1.20 verify_ms=6.30 draft_extend_ms=0.90 other_ms=0.70 draft_pct=13.2 \\

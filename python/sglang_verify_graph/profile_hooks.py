@@ -14,7 +14,7 @@ from sglang_verify_graph import metrics as metrics_module
 from sglang_verify_graph import profile
 from sglang_verify_graph.config import read_env
 from sglang_verify_graph.counters import get_counters
-from sglang_verify_graph.sglang_adapter import resolved
+from sglang_verify_graph.compat.sglang_adapter import resolved
 
 logger = logging.getLogger("sglang_verify_graph")
 

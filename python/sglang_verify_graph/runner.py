@@ -26,12 +26,12 @@ from __future__ import annotations
 import logging
 import time
 
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.buffers import PAD_TOKEN_ID, VerifyStaticBuffers
 from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
 from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph import counters as C
-from sglang_verify_graph.selftest import NO_PROBE, GraphSelfTest
+from sglang_verify_graph.debug.selftest import NO_PROBE, GraphSelfTest
 
 logger = logging.getLogger("sglang_verify_graph")
 

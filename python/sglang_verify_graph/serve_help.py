@@ -38,7 +38,7 @@ def wrap_serve(module) -> None:
 
     @functools.wraps(original)
     def serve(args, extra_argv):
-        from sglang_verify_graph import sglang_adapter
+        from sglang_verify_graph.compat import sglang_adapter
 
         sglang_adapter.load_plugins()
         return original(args, extra_argv)

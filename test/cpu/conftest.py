@@ -104,7 +104,7 @@ def real_args(tiny_model_dirs, restore_environ):
     """``real_args(**overrides)`` -> a resolved ServerArgs for EAGLE3 topk 1, triton, on CPU."""
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_verify_graph.sglang_adapter import RESOLVE_ONCE, resolved
+    from sglang_verify_graph.compat.sglang_adapter import RESOLVE_ONCE, resolved
 
     target, draft = tiny_model_dirs
 

@@ -31,7 +31,7 @@ def chain_backend_stub(cls, h=4, kvh=2, d=16, ndt=3, bs=2, **layer_fields):
     ``q`` [bs * ndt, h * d] / ``k`` [bs * ndt, kvh, d] float32."""
     import torch
 
-    from sgl_verify_kernel import ChainVerifyShape
+    from sglang_verify_graph.kernel import ChainVerifyShape
     from sglang_verify_graph import chain_backend as cb
 
     backend = cls.__new__(cls)

@@ -1,4 +1,4 @@
-"""CPU tier: the constructed target/draft pair of ``scripts/accept_pair.py``.
+"""CPU tier: the constructed target/draft pair of ``bench/models/accept_pair.py``.
 
 Failure mode guarded (on the GPU, by ``test/e2e/test_accept_length_e2e.py``): accept length
 drops under graphs while the text still looks fine (sgl-project/sglang#16974); random
@@ -149,7 +149,7 @@ def test_simulate_output_is_the_target_chain_and_mixes_accept_counts():
 # Failure mode guarded (on the GPU, by test/e2e/test_accept_attention_e2e.py): a wrong verify
 # attention at draft positions >= 1 (causal limit off by one, a dropped KV split, a wrong
 # page-table entry) that the plain pair cannot see (its o_proj is zero). Here, on CPU, with the
-# float reference forward of scripts/accept_pair.py (bf16 rounding as SGLang keeps tensors):
+# float reference forward of bench/models/accept_pair.py (bf16 rounding as SGLang keeps tensors):
 # correct attention gives g(t) at every position up to 2048, each fault changes the greedy token
 # at the rows it reaches exactly as accept_pair.chain_predictions says, the draft's lookup ignores
 # the features, and the server test's prompts all change under each fault.
@@ -375,7 +375,7 @@ def test_histogram_of_a_simulation_matches_sglangs_trimmed_histogram():
 
 
 # ---------------------------------------------------------------- the Llama-3.1-8B-shape pair
-# Failure modes guarded (on the GPU, by benchmark/bench_speedup.py's accept lengths and output
+# Failure modes guarded (on the GPU, by bench/speedup.py's accept lengths and output
 # checks): the 8B pair's accept length is not the one its agreement class was chosen for; its
 # self head misses the token at long context under the 8B rope (theta 500000, llama3 scaling);
 # a padded vocabulary row wins the argmax; the shared-storage checkpoint does not load into
@@ -399,7 +399,7 @@ def _ref(sd, ids, shape, **kw):
 
 
 def test_llama8b_shape_is_bench_verifys_llama_8b_with_the_eagle3_draft_vocab():
-    from sglang_verify_graph import dummy_models as dm
+    from bench.models import dummy_models as dm
 
     _, target, draft = ap.shape_configs(ap.LLAMA8B)
     want_t, want_d = dm.llama_8b()

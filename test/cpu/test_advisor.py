@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sglang_verify_graph import advisor as adv
-from sglang_verify_graph.advisor_inputs import AdvisorError, parse_profile_log
+from sglang_verify_graph.advisor.inputs import AdvisorError, parse_profile_log
 
 FIELD = ["--decode-ms", "12", "--verify-ms", "25.6", "--num-steps", "2", "--draft-ms", "1.0",
          "--draft-extend-ms", "0.3"]  # cycle = 1.0 + 25.6 + 0.3 = 26.9 ms

@@ -143,7 +143,7 @@ def kimi_models(tmp_path_factory):
     import sys
 
     out = tmp_path_factory.mktemp("kimi")
-    subprocess.run([sys.executable, "-m", "sglang_verify_graph.dummy_models", str(out),
+    subprocess.run([sys.executable, "-m", "bench.models.dummy_models", str(out),
                     "--only", "kimi-small-mla,kimi-k25-small"],
                    check=True, capture_output=True, timeout=120)
     return str(out)

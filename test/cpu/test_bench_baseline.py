@@ -1,4 +1,4 @@
-"""CPU tier: ``bench_verify.py --plain-twice`` and ``benchmark/baseline.py``, the plain-decode
+"""CPU tier: ``bench_verify.py --plain-twice`` and ``bench/lib/baseline.py``, the plain-decode
 baseline measured by two engines in one call.
 
 Failure mode guarded: every verify/decode ratio rests on one plain engine's medians, and one

@@ -1,4 +1,4 @@
-"""CPU tier: ``benchmark/bench_capture.py``, the repeated-start capture comparison (target:
+"""CPU tier: ``bench/capture.py``, the repeated-start capture comparison (target:
 capture time and graph memory no larger than upstream's).
 
 Failure modes guarded: the capture target judged from one engine start per mode (two single starts

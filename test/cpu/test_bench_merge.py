@@ -1,4 +1,4 @@
-"""CPU tier: benchmark/bench_verify.py keeps the points a killed mode finished (its ``BENCH phase``
+"""CPU tier: bench/verify.py keeps the points a killed mode finished (its ``BENCH phase``
 log lines) and ``--merge`` rebuilds one table from earlier runs' JSON files and mode logs, refusing
 inputs that cannot form one table with one line."""
 

@@ -1,4 +1,4 @@
-"""CPU tier: benchmark/bench_verify.py's profile mode bookkeeping: the overhead column
+"""CPU tier: bench/verify.py's profile mode bookkeeping: the overhead column
 (``ours_profile`` decode time of the same generation over ``ours``'s) and the phase-sum check
 parsed from the profiler's log lines (cycle_mean_ms over the device span per cycle); the engine
 arguments and per-phase rows of a Kimi-K2.5 shard run, and ``--require-replays``."""

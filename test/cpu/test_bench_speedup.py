@@ -1,4 +1,4 @@
-"""CPU tier: ``benchmark/bench_speedup.py`` and ``benchmark/speedup_report.py``.
+"""CPU tier: ``bench/speedup.py`` and ``bench/speedup_report.py``.
 
 Failure modes guarded (the GPU run that would find them is one ~8-minute call): a flag error that
 is a traceback, or that names no flag; an engine that loads dummy weights instead of the pair's,

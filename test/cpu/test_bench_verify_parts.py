@@ -1,4 +1,4 @@
-"""CPU tier: ``benchmark/bench_verify_parts.py``, the per-part (attention / routed MoE / dense)
+"""CPU tier: ``bench/parts.py``, the per-part (attention / routed MoE / dense)
 verify-vs-decode benchmark of one Kimi-K2.5 TP-8 layer.
 
 Guards: the plan and argument checks (the default sweep, ``--quick``, at least 50 replays); the

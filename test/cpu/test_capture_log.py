@@ -1,4 +1,4 @@
-"""CPU tier: ``benchmark/capture_log.py`` reads the verify-graph capture cost of each bench engine
+"""CPU tier: ``bench/lib/capture_log.py`` reads the verify-graph capture cost of each bench engine
 from its log (target: capture time and graph memory no larger than upstream's).
 
 Failure mode guarded: the capture target judged from the wrong line (the draft's graphs, the

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_verify_graph import chain_backend as cb
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.errors import VerifyGraphConfigError
 
 from cpu_stubs import chain_backend_stub, chain_config, forward_mode

@@ -62,7 +62,7 @@ triton = pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "sgl-kernel"))
 
-import sgl_verify_kernel.chain_verify_attention as cva  # noqa: E402
+import sglang_verify_graph.kernel.chain_verify_attention as cva  # noqa: E402
 
 try:
     from triton.backends.compiler import GPUTarget

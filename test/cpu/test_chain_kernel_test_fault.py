@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "sgl-kernel"))
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-from sgl_verify_kernel import chain_verify_attention as cva  # noqa: E402
+from sglang_verify_graph.kernel import chain_verify_attention as cva  # noqa: E402
 
 
 class _Recorder:

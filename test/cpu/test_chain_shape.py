@@ -4,7 +4,7 @@ kernel's grid. The kernel's time follows the padded query rows at large batch x 
 
 import pytest
 
-from sgl_verify_kernel import ChainVerifyShape, choose_num_kv_splits
+from sglang_verify_graph.kernel import ChainVerifyShape, choose_num_kv_splits
 
 
 def kimi(ndt, block_rows=0):  # one Kimi-K2.5 TP-8 shard in absorbed MLA: 8 heads, 1 latent head

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from sglang_verify_graph import cli
-from sglang_verify_graph.sglang_adapter import RESOLVE_ONCE
+from sglang_verify_graph.compat.sglang_adapter import RESOLVE_ONCE
 from sglang_verify_graph.config import (
     ATTR_CONFIG,
     ATTR_ENABLE,

@@ -1,4 +1,4 @@
-"""CPU tier: the pieces of ``python -m sglang_verify_graph.demo`` that run without a GPU.
+"""CPU tier: the pieces of ``python -m bench demo`` that run without a GPU.
 
 Guards: the three server command lines (``--enable-verify-cuda-graph`` only on ours, everything
 else shared; plain without speculation), the plugin's variables kept from the servers, the
@@ -94,7 +94,7 @@ def test_bad_input_is_one_usage_line_naming_the_flag(argv, flag, capsys):
     assert ex.value.code == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
     assert len(err) == 1 and flag in err[0], err
-    assert err[0].startswith("python -m sglang_verify_graph.demo: error: ")
+    assert err[0].startswith("python -m bench demo: error: ")
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -299,7 +299,7 @@ def test_start_timeout_stops_the_server(tmp_path):
 
 def test_dry_run_prints_plan_and_commands_without_sglang(tmp_path):
     code = ("import sys, runpy; sys.argv = ['demo', '--dry-run', '--workdir', %r];\n"
-            "try:\n    runpy.run_module('sglang_verify_graph.demo', run_name='__main__')\n"
+            "try:\n    runpy.run_module('bench.demo.cli', run_name='__main__')\n"
             "except SystemExit as ex:\n"
             "    assert ex.code == 0, ex.code\n"
             "    bad = [m for m in sys.modules if m == 'sglang' or m.startswith(('sglang.', 'torch'))]\n"
@@ -320,7 +320,7 @@ def test_dry_run_prints_plan_and_commands_without_sglang(tmp_path):
 
 
 def test_help_describes_the_demo():
-    r = subprocess.run([sys.executable, "-m", "sglang_verify_graph.demo", "--help"],
+    r = subprocess.run([sys.executable, "-m", "bench.demo.cli", "--help"],
                        capture_output=True, text=True, env=ENV, timeout=60)
     assert r.returncode == 0
     for word in ("--enable-verify-cuda-graph", "--dry-run", "--model", "--context", "--new-tokens",

@@ -192,7 +192,7 @@ def test_the_probe_sees_each_replay_with_its_select_index(counters, monkeypatch,
     """From SGLang 0.5.20 ``execute(forward_batch, select_index)`` returns one row per request:
     the probe gets ``select_index`` to pick the same rows of its reference; before, it gets
     ``None``."""
-    from sglang_verify_graph import sglang_adapter
+    from sglang_verify_graph.compat import sglang_adapter
 
     monkeypatch.setattr(sglang_adapter, "DRAFT_EXTEND_SELECT_INDEX", takes_select_index)
     seen = []

@@ -26,7 +26,7 @@ _KERNEL_PROBE = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {kern!r})
     import torch
-    from sgl_verify_kernel import ChainVerifyShape, chain_verify_attention_fwd, workspace_numel
+    from sglang_verify_graph.kernel import ChainVerifyShape, chain_verify_attention_fwd, workspace_numel
     case = sys.argv[1]
     g = torch.Generator().manual_seed(0)
     ndt, d, bs = 2, 16, 1

@@ -1,4 +1,4 @@
-"""CPU tier: ``python -m sglang_verify_graph.dummy_models`` writes loadable config-only model folders for --load-format dummy.
+"""CPU tier: ``python -m bench.models.dummy_models`` writes loadable config-only model folders for --load-format dummy.
 
 Checks the EAGLE-3 pairs the GPU job uses: aux layer ids distinct and < target num_hidden_layers
 (also after SGLang 0.5.16's Llama +1 shift), ``draft_vocab_size`` present, vocab sizes equal,
@@ -16,14 +16,14 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WRITE_MODELS = [sys.executable, "-m", "sglang_verify_graph.dummy_models"]
+WRITE_MODELS = [sys.executable, "-m", "bench.models.dummy_models"]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
 NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-small", "kimi-k25-shard",
          "kimi-k25-shard-wrapped"]
 sys.path.insert(0, os.path.join(ROOT, "python"))
-from sglang_verify_graph import dummy_models as dm  # noqa: E402
-from sglang_verify_graph import shard_bytes as sb  # noqa: E402
+from bench.models import dummy_models as dm  # noqa: E402
+from bench.models import shard_bytes as sb  # noqa: E402
 
 
 @pytest.fixture(scope="module")

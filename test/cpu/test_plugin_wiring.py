@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_verify_graph import cli, plugin, profile_hooks
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import FLAG, EnvSettings, VerifyGraphConfigError
 
 AFTER, AROUND, BEFORE = adapter.HookType.AFTER, adapter.HookType.AROUND, adapter.HookType.BEFORE

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_verify_graph import advisor_inputs, cli, profile
+from sglang_verify_graph import cli, profile
+from sglang_verify_graph.advisor import inputs as advisor_inputs
 from sglang_verify_graph import metrics as prom
 from sglang_verify_graph import profile_hooks as ph
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import ENV_PROFILE_EVERY, VerifyGraphConfigError, read_env
 from sglang_verify_graph.counters import VerifyCounters
 
@@ -311,7 +312,8 @@ def test_profile_flag_and_env_must_agree(monkeypatch, capsys):
 
 _DRIVER = r"""
 import json, sys
-from sglang_verify_graph import plugin, sglang_adapter as a
+from sglang_verify_graph import plugin
+from sglang_verify_graph.compat import sglang_adapter as a
 plugin.register()
 print("RESULT " + json.dumps({t: a._is_applied(t, h) for t, h, _ in plugin.profile_hooks_table()}))
 """

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_verify_graph import counters as C
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 
 UNREACHABLE = "not reachable"
 

@@ -24,7 +24,7 @@ import run_suite as rs  # noqa: E402
 
 # what each suite must run: the test files and scripts, by purpose
 WANT_FILES = {
-    "demo": {"python/sglang_verify_graph/demo.py"},
+    "demo": {"bench/demo/cli.py"},
     "kernel": {"test/gpu/test_chain_kernel_gpu.py"},
     "selftest": {"test/gpu/test_runner_selftest.py"},
     "e2e": {"test/e2e/test_server_e2e.py"},
@@ -33,21 +33,21 @@ WANT_FILES = {
                     "test/gpu/test_chain_kernel_gpu.py", "test/gpu/test_runner_selftest.py"},
     "profile": {"test/e2e/test_profile_e2e.py"},
     "accept_attn": {"test/e2e/test_accept_attention_e2e.py", "test/gpu/test_runner_selftest.py"},
-    "bench": {"benchmark/bench_verify.py"},
-    "speedup": {"benchmark/bench_speedup.py"},
-    "kbench": {"benchmark/bench_chain_kernel.py"},
-    "capture": {"benchmark/bench_capture.py"},
+    "bench": {"bench/verify.py"},
+    "speedup": {"bench/speedup.py"},
+    "kbench": {"bench/kernel.py"},
+    "capture": {"bench/capture.py"},
     "shard_triton": {"test/run_suite.py", "test/e2e/test_server_e2e.py"},
     "shard_marlin": {"test/run_suite.py", "test/e2e/test_server_e2e.py"},
-    "shard_wrapped": {"benchmark/bench_verify.py"},
-    "shard": {"test/run_suite.py", "test/e2e/test_server_e2e.py", "benchmark/bench_verify.py"},
-    "shard_bench": {"benchmark/bench_verify.py"},
-    "shard_bench_lean": {"benchmark/bench_verify.py"},
-    "shard_floor": {"benchmark/bench_verify.py", "benchmark/bench_verify_parts.py"},
-    "shard_capture": {"benchmark/bench_capture.py"},
-    "shard_rest_wide": {"benchmark/bench_verify.py"},
-    "shard_rest_16k": {"benchmark/bench_verify.py"},
-    "shard_rest_16k_up": {"benchmark/bench_verify.py"},
+    "shard_wrapped": {"bench/verify.py"},
+    "shard": {"test/run_suite.py", "test/e2e/test_server_e2e.py", "bench/verify.py"},
+    "shard_bench": {"bench/verify.py"},
+    "shard_bench_lean": {"bench/verify.py"},
+    "shard_floor": {"bench/verify.py", "bench/parts.py"},
+    "shard_capture": {"bench/capture.py"},
+    "shard_rest_wide": {"bench/verify.py"},
+    "shard_rest_16k": {"bench/verify.py"},
+    "shard_rest_16k_up": {"bench/verify.py"},
 }
 SHARD_SUITES = {n for n in WANT_FILES if n.startswith("shard")}
 

@@ -50,7 +50,7 @@ def test_capture_hook_refuses_a_wrapped_chain_backend(flag_on):
     with the one-line error rather than capture upstream's runner (no counters, no chain kernel)."""
     from sglang_verify_graph import chain_backend as cb
     from sglang_verify_graph import plugin
-    from sglang_verify_graph.sglang_adapter import RUNNER_CLS_HOOK
+    from sglang_verify_graph.compat.sglang_adapter import RUNNER_CLS_HOOK
 
     chain = cb.ChainVerifyTritonBackend.__new__(cb.ChainVerifyTritonBackend)
     model_runner = _runner(backend=SimpleNamespace(full_attn_backend=chain))
@@ -66,7 +66,7 @@ def test_capture_hook_refuses_a_wrapped_chain_backend(flag_on):
 def test_capture_out_of_memory_is_one_actionable_line(monkeypatch):
     """A capture that runs out of GPU memory raises the one line naming the flags that shrink the
     graphs (the original error chained); any other capture error propagates unchanged."""
-    from sglang_verify_graph import sglang_adapter
+    from sglang_verify_graph.compat import sglang_adapter
 
     monkeypatch.setattr(sglang_adapter, "available_gpu_memory", lambda model_runner: 10.0)
     mr = SimpleNamespace(attn_backend=SimpleNamespace(verify_cfg=CFG))

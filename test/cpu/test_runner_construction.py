@@ -13,9 +13,9 @@ import torch
 
 from sglang_verify_graph import counters as C
 from sglang_verify_graph import runner as R
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
-from sglang_verify_graph.selftest import NO_PROBE
+from sglang_verify_graph.debug.selftest import NO_PROBE
 
 from cpu_stubs import chain_config, forward_mode
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_verify_graph import counters as C
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.buffers import PAD_TOKEN_ID
 from sglang_verify_graph.runner import VerifyCudaGraphRunner
 

@@ -14,8 +14,8 @@ import types
 import pytest
 import torch
 
-from sglang_verify_graph import selftest as st
-from sglang_verify_graph import sglang_adapter
+from sglang_verify_graph.debug import selftest as st
+from sglang_verify_graph.compat import sglang_adapter
 from sglang_verify_graph.config import (ENV_SELFTEST, ENV_SELFTEST_NAN, EnvSettings,
                                         VerifyGraphConfigError, build_config, read_env)
 

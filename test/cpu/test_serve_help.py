@@ -69,7 +69,7 @@ def test_only_a_serve_help_command_line_adds_the_finder(argv, expected, monkeypa
 
 
 def test_wrapped_serve_loads_plugins_before_the_original(monkeypatch):
-    from sglang_verify_graph import sglang_adapter
+    from sglang_verify_graph.compat import sglang_adapter
 
     calls = []
     module = type("M", (), {"serve": staticmethod(lambda args, extra: calls.append("serve"))})

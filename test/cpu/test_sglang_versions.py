@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_verify_graph import capture, plugin
-from sglang_verify_graph import sglang_adapter as sa
+from sglang_verify_graph.compat import sglang_adapter as sa
 from sglang_verify_graph.config import ENV_ENABLE, FLAG
 
 runner_cls_hook = pytest.mark.skipif(not sa.RUNNER_CLS_HOOK, reason="sglang 0.5.17+ code path")

@@ -1,6 +1,6 @@
 """CPU tier: SGLang's own compressed-tensors handling of the ``kimi-k25-shard`` checkpoint config.
 
-``python -m sglang_verify_graph.dummy_models`` writes ``kimi-k25-shard`` (a full-depth Kimi-K2.5
+``python -m bench.models.dummy_models`` writes ``kimi-k25-shard`` (a full-depth Kimi-K2.5
 TP-8 shard as DeepseekV3ForCausalLM) and ``kimi-k25-shard-wrapped`` (the same text model behind
 KimiK25ForConditionalGeneration) with Kimi-K2.5's ``quantization_config``. Checked here, with the
 installed SGLang's classes and no GPU:
@@ -36,8 +36,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-from sglang_verify_graph import dummy_models as dm  # noqa: E402
-from sglang_verify_graph import shard_bytes as sb  # noqa: E402
+from bench.models import dummy_models as dm  # noqa: E402
+from bench.models import shard_bytes as sb  # noqa: E402
 
 ct = pytest.importorskip("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors",
                          reason="SGLang's compressed-tensors module does not import here")
@@ -55,7 +55,7 @@ def models_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("models")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python")] + (
         [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
-    r = subprocess.run([sys.executable, "-m", "sglang_verify_graph.dummy_models", str(out), "--only",
+    r = subprocess.run([sys.executable, "-m", "bench.models.dummy_models", str(out), "--only",
                         ",".join(TARGETS)], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return str(out)

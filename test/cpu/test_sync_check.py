@@ -125,7 +125,8 @@ def test_internal_state_reports_the_check(monkeypatch):
 
 _DRIVER = r"""
 import json
-from sglang_verify_graph import plugin, sglang_adapter as a
+from sglang_verify_graph import plugin
+from sglang_verify_graph.compat import sglang_adapter as a
 plugin.register()
 print("RESULT " + json.dumps([a._is_applied(t, h) for t, h, _ in plugin.sync_check_hooks()]))
 """

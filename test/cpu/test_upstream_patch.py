@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 
 pytestmark = pytest.mark.skipif(
     adapter.SGLANG_VERSION != "0.5.16",
@@ -110,7 +110,7 @@ def test_series_shape(series):
         assert f"+++ b/sglang/{rel}\n" in text and "new file mode" in text, rel
     # imports rewritten to native names
     assert "import sglang_verify_graph" not in text and "from sglang_verify_graph" not in text
-    assert "sgl_verify_kernel" not in text
+    assert "sglang_verify_graph.kernel" not in text
     # the native modules carry the pinned version's branch only: no switch on newer SGLang
     for name in ("RUNNER_CLS_HOOK", "RESOLVE_ONCE", "_since", "VerifyCudaGraphRunnerFromModelRunner",
                  "sglang_adapter", "triton_attn_backend_cls",

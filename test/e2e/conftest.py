@@ -13,7 +13,7 @@ MODELS = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
 
 @pytest.fixture(scope="module")
 def pair():
-    """``(target_dir, draft_dir, maps)`` of the constructed pair of ``scripts/accept_pair.py``
+    """``(target_dir, draft_dir, maps)`` of the constructed pair of ``bench/models/accept_pair.py``
     (real weights; written under ``E2E_MODELS_DIR`` when missing); ``maps`` holds ``g``, ``d1``,
     ``G`` (lists of token ids) as in ``pair_maps.json``."""
     target = os.path.join(MODELS, "llama-pair")

@@ -3,7 +3,7 @@
 Failure mode guarded: a wrong verify attention at draft positions >= 1 (causal limit off by one,
 a dropped KV split, a wrong page-table entry) changes output tokens. The plain constructed pair
 (``test_accept_length_e2e.py``) cannot show it: its target never reads its attention output. The
-attention pair (``scripts/accept_pair.py --attention``, written under ``E2E_MODELS_DIR`` when
+attention pair (``bench/models/accept_pair.py --attention``, written under ``E2E_MODELS_DIR`` when
 missing) attends to the token itself and to BOS; its greedy token is still ``g(t)``, so
 ``accept_pair.simulate`` predicts every output and histogram.
 

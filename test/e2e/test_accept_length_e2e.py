@@ -14,7 +14,7 @@ Failure modes guarded:
   ``--speculative-num-steps`` 1, 2, 3 and 5 (``num_draft_tokens`` 2..6 per request) and reports
   ``num_draft_tokens == num_steps + 1``; every verify step replays our graph (counter).
 
-The pair (``scripts/accept_pair.py``, real weights) has a deterministic greedy target (next token
+The pair (``bench/models/accept_pair.py``, real weights) has a deterministic greedy target (next token
 ``g(t)``) and a draft that agrees on ~70% of ids, so accepted counts 0..num_steps all occur and 8
 concurrent requests at different points of the cycle mix them in one batch.
 

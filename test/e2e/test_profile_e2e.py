@@ -17,7 +17,7 @@ accept length within 10% of SGLang's ``avg_spec_accept_length``; phase sum (``cy
 the first (whose span holds the prefills); ``/metrics`` serves
 ``sglang_verify_graph_phase_ms`` and ``sglang_verify_graph_replays_total``;
 ``python -m sglang_verify_graph.advisor --from-log`` on the log exits 0 with a recommendation.
-The profile's overhead is measured by ``benchmark/bench_verify.py --modes ours,ours_profile``.
+The profile's overhead is measured by ``bench/verify.py --modes ours,ours_profile``.
 """
 
 import concurrent.futures as cf

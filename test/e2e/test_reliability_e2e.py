@@ -1,5 +1,5 @@
 """Server tier: KV accounting, feature mix and sampling under our verify graph. Servers run the
-constructed pair of ``scripts/accept_pair.py`` (deterministic greedy target: next token ``g(t)``;
+constructed pair of ``bench/models/accept_pair.py`` (deterministic greedy target: next token ``g(t)``;
 a draft agreeing on ~70% of ids), so outputs can be checked exactly.
 
 * **KV accounting** (sgl-project/sglang#31616: KV slots leak with page size > 1):

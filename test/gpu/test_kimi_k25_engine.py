@@ -8,7 +8,7 @@ code, and the CLI can only switch ``enable_multimodal`` on; ``Engine(enable_mult
 serves the text model alone, which is what verify exercises.
 
 In a fresh interpreter (env ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` + ``SGLANG_VERIFY_GRAPH_SELFTEST=1``):
-dummy-weight ``kimi-k25-small`` (``python -m sglang_verify_graph.dummy_models``) + its Llama-style EAGLE-3 draft,
+dummy-weight ``kimi-k25-small`` (``python -m bench.models.dummy_models``) + its Llama-style EAGLE-3 draft,
 triton, buckets 1/2/4/8; 8 concurrent greedy requests of different lengths. Checks: our runner
 served every verify step (replays == verify steps, no fallback), the self-test compared every
 replay with the eager forward (logits and aux hidden states rel. err < 1e-2), padded buckets ran.
@@ -60,7 +60,7 @@ _DRIVER = textwrap.dedent("""
 def test_kimi_k25_wrapper_verify_graph_equals_eager():
     target = os.path.join(MODELS, MODEL)
     if not os.path.isfile(os.path.join(target, "config.json")):
-        pytest.skip(f"{target} missing (python -m sglang_verify_graph.dummy_models)")
+        pytest.skip(f"{target} missing (python -m bench.models.dummy_models)")
     env = dict(os.environ, SGLANG_ENABLE_VERIFY_CUDA_GRAPH="1", SGLANG_VERIFY_GRAPH_SELFTEST="1")
     from server_utils import shared_gpu_kwargs
 

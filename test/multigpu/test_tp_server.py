@@ -4,7 +4,7 @@ Run on a machine with >= TP GPUs (skipped cleanly elsewhere), e.g. in a user's 8
 
     VERIFY_GRAPH_MODELS=/tmp/models python3 -m pytest -q -m multigpu test/multigpu
 
-(``python -m sglang_verify_graph.dummy_models /tmp/models`` writes the dummy-weight models first.) The target is the
+(``python -m bench.models.dummy_models /tmp/models`` writes the dummy-weight models first.) The target is the
 reduced Kimi-K2.5-shaped ``kimi-small`` (DeepseekV3: MLA kv_lora 512 / rope 64, 8 heads, 128
 routed experts top-8 + shared expert, 6 layers) with its Llama-style EAGLE-3 draft; triton.
 

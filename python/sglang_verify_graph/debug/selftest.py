@@ -30,7 +30,7 @@ from collections import Counter
 
 import torch
 
-from sglang_verify_graph import sglang_adapter as adapter
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.buffers import PAD_TOKEN_ID
 
 logger = logging.getLogger("sglang_verify_graph")

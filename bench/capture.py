@@ -2,7 +2,7 @@
 """Capture time and graph memory of the target's verify graphs, ours vs upstream, over repeated
 engine starts (target: capture time and graph memory no larger than upstream's).
 
-    python3 benchmark/bench_capture.py [--repeats 3] [--modes ours,upstream] [--out capture_results.json]
+    python3 bench/capture.py [--repeats 3] [--modes ours,upstream] [--out capture_results.json]
         [bench_verify.py engine flags: --model llama-8b --steps 2 --batch-sizes 1,8 --mem 0.8 --prefix-cache ...]
 
 One pair of engine starts cannot separate a 0.2 s capture difference from the run-to-run spread
@@ -134,7 +134,7 @@ def format_summary(summary: dict, meta: dict) -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Every other flag goes to each engine as benchmark/bench_verify.py's (--model, --steps, "
+        epilog="Every other flag goes to each engine as bench/verify.py's (--model, --steps, "
                "--contexts, --batch-sizes, --mem, --prefix-cache, --models-dir, ...; see its --help).")
     ap.add_argument("--repeats", type=int, default=3, help="engine starts per mode")
     ap.add_argument("--modes", default="ours,upstream", help="comma list of ours, upstream, plain")

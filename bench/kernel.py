@@ -14,9 +14,9 @@ It also checks ours against upstream's output (relative error, bf16).
 Shapes: Llama-3.1-8B at TP 1 (32 q heads, 8 KV heads, 128) and one Kimi-K2.5 TP-8 shard in
 absorbed MLA (8 q heads, 1 latent head, Dk 576 = 512 + rope 64, Dv 512).
 
-  python3 benchmark/bench_chain_kernel.py [--contexts 1024 8192] [--bs 1 8] [--ndt 3] [--out f.json]
+  python3 bench/kernel.py [--contexts 1024 8192] [--bs 1 8] [--ndt 3] [--out f.json]
       [--block-rows 16 32]   # also time ours with BLOCK_R forced (the row-block A/B; same inputs)
-  python3 benchmark/bench_chain_kernel.py --tune --shapes kimi_tp8_mla --contexts 1024 4096 16384 \
+  python3 bench/kernel.py --tune --shapes kimi_tp8_mla --contexts 1024 4096 16384 \
       --bs 1 4 8 16 32 --ndt 3 4 --out tune.json
       # launch-setting search for ours: every candidate of TUNE_GRID at the --focus points, then the
       # best --top of them and the policy at every point; same inputs, outputs checked against the
@@ -32,8 +32,8 @@ import math
 import torch
 import triton
 
-from sgl_verify_kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
-from sgl_verify_kernel.chain_verify_attention import BLOCK_R_CHOICES
+from sglang_verify_graph.kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
+from sglang_verify_graph.kernel.chain_verify_attention import BLOCK_R_CHOICES
 
 SHAPES = {
     "llama8b_tp1": dict(h=32, kvh=8, dk=128, dv=128, rope=0),

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """A Llama target + EAGLE-3 draft whose agreement is set by construction (real weights, no hub).
 
-    python3 scripts/accept_pair.py OUT_DIR [--agree 0.7] [--seed 0] [--attention]
-    python3 scripts/accept_pair.py OUT_DIR --shape llama8b --attention [--agree 0.36,0.55,0.65,0.77]
+    python3 bench/models/accept_pair.py OUT_DIR [--agree 0.7] [--seed 0] [--attention]
+    python3 bench/models/accept_pair.py OUT_DIR --shape llama8b --attention [--agree 0.36,0.55,0.65,0.77]
 
 writes ``OUT_DIR/llama-pair`` (LlamaForCausalLM) and ``OUT_DIR/llama-pair-eagle3``
-(LlamaForCausalLMEagle3): config.json, tokenizer (``sglang_verify_graph.dummy_models.write_model``) and
+(LlamaForCausalLMEagle3): config.json, tokenizer (``bench.models.dummy_models.write_model``) and
 ``model.safetensors`` with every weight SGLang loads, plus ``pair_maps.json`` (the maps below).
 ``--attention`` writes ``OUT_DIR/llama-pair-attn`` and ``OUT_DIR/llama-pair-attn-eagle3`` instead:
 the same maps, but a target whose greedy token goes through its layer-0 attention (below).
@@ -120,7 +120,7 @@ SELF_SCORE = 120.0  # the self head's score (logits, after sm_scale) of the peak
 BOS_PLANES = 4  # the BOS heads' rotary planes: the slowest 4
 BOS_SCORE = 24.0  # the BOS heads' score of the BOS key at position 0 (logits)
 PARTNER_BONUS = 2.0  # lm_head weight of e_t for g(p(t)), in units of the feature weight 1
-MIN_KEYS_PER_SPLIT = 64  # the chain kernel's (sgl_verify_kernel): keys per KV split at least
+MIN_KEYS_PER_SPLIT = 64  # the chain kernel's (sglang_verify_graph.kernel): keys per KV split at least
 FAULTS = ("causal_plus_one", "causal_minus_one", "drop_first_split")
 """Verify-attention faults :func:`simulate` models (the chain kernel's test fault switch)."""
 
@@ -294,7 +294,7 @@ def trim_histogram(h: list) -> list:
 
 
 def _configs() -> tuple:
-    from sglang_verify_graph import dummy_models as mm
+    from bench.models import dummy_models as mm
 
     target = mm._llama(HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, 8192, ROPE_THETA,
                        head_dim=HEAD_DIM)
@@ -774,7 +774,7 @@ def calibrate_agree(target: float, vocab: int = VOCAB, n_classes: int = 4, cls: 
 def shape_configs(shape: PairShape) -> tuple:
     """``(dummy_models module, target config, draft config)`` of ``shape`` (``dummy_models``'
     Llama and EAGLE-3 config builders; checked with ``check_pair``)."""
-    from sglang_verify_graph import dummy_models as mm
+    from bench.models import dummy_models as mm
 
     target = mm._llama(shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.intermediate,
                        shape.vocab_size, shape.max_position, shape.rope_theta,

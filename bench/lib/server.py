@@ -10,7 +10,7 @@ import sys
 import time
 from typing import List, Optional
 
-from sglang_verify_graph.demo_report import (
+from bench.demo.report import (
     _fmt,
     DemoError,
     PROFILE_TAG,
@@ -136,7 +136,7 @@ def stop_server(proc) -> None:
     import subprocess
 
     try:
-        from sglang_verify_graph import sglang_adapter
+        from sglang_verify_graph.compat import sglang_adapter
 
         sglang_adapter.kill_process_tree(proc.pid, wait_timeout=60)
     except Exception as ex:  # fall back to the direct child at least

@@ -2,7 +2,7 @@
 """Where one verify layer's time goes, part by part: attention vs routed MoE (vs dense GEMMs), for
 verify (``bs x ndt`` tokens) against decode (``bs`` tokens), on one Kimi-K2.5 TP-8 shard layer.
 
-    python3 benchmark/bench_verify_parts.py [--batch-sizes 1,4,16,32] [--contexts 1024,4096,16384]
+    python3 bench/parts.py [--batch-sizes 1,4,16,32] [--contexts 1024,4096,16384]
         [--ndt 3,4] [--routings random,shared] [--parts attention,moe,dense] [--out parts.json]
         [--quick] [--dry-run]
 
@@ -15,7 +15,7 @@ along K, bf16 scales (compressed-tensors ``pack-quantized``); shared expert widt
 Parts, each timed alone (one CUDA graph per part and point, see ``time_calls``):
 
 (a) attention, KV context ``ctx`` per request:
-    ours      ``chain_verify_attention_fwd`` (``sgl-kernel/sgl_verify_kernel``), T = bs x ndt rows,
+    ours      ``chain_verify_attention_fwd`` (``sgl-kernel/sglang_verify_graph.kernel``), T = bs x ndt rows,
               prefix ``seq_lens = ctx``, splits from ``choose_num_kv_splits`` as the plugin's
               backend picks them;
     decode    ``decode_attention_fwd(..., has_mla=True)`` (SGLang 0.5.16
@@ -455,7 +455,7 @@ def build_plan(a: argparse.Namespace, shape: LayerShape = KIMI_K25_TP8, l2_bytes
     plan["expert_bytes"] = eb
     try:
         sys.path.insert(0, os.path.join(REPO, "sgl-kernel"))
-        from sgl_verify_kernel import ChainVerifyShape, choose_num_kv_splits
+        from sglang_verify_graph.kernel import ChainVerifyShape, choose_num_kv_splits
 
         plan["ours_kv_splits"] = {f"bs{bs}_ndt{n}": choose_num_kv_splits(
             ChainVerifyShape(shape.heads, 1, shape.qk_dim, shape.kv_lora, n, shape.rope), bs, num_sms)
@@ -691,7 +691,7 @@ def bench_attention(a, shape: LayerShape, ctx: int, bs: int, copies: int, num_sm
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
     from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
     from sglang.srt.layers.attention.triton_backend import _mla_decode_kv_splits_cap
-    from sgl_verify_kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
+    from sglang_verify_graph.kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
 
     use_pdl = False
     if device == "cuda":  # as TritonAttnBackend: PDL where the architecture supports it
@@ -1021,7 +1021,7 @@ def main(argv=None) -> int:
         print("bench_verify_parts: needs a CUDA GPU (use --dry-run for the plan)", file=sys.stderr)
         return 2
     try:
-        import sgl_verify_kernel  # noqa: F401
+        import sglang_verify_graph.kernel  # noqa: F401
     except ImportError:
         sys.path.insert(0, os.path.join(REPO, "sgl-kernel"))
     t_start = time.time()

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Measured EAGLE-3 speed-up at the Llama-3.1-8B shape with set accept lengths: plain / upstream / ours.
 
-    python3 benchmark/bench_speedup.py [--pair-dir /tmp/models] [--modes plain,upstream,ours]
+    python3 bench/speedup.py [--pair-dir /tmp/models] [--modes plain,upstream,ours]
         [--contexts 1024,8192] [--batch-sizes 1,4,16] [--classes 0,1,2,3] [--new-tokens 128] [--repeats 3]
         [--out speedup_results.json] [--md speedup_table.md] [--dry-run]
 
-The model is the attention pair of ``scripts/accept_pair.py --shape llama8b --attention`` (built
+The model is the attention pair of ``bench/models/accept_pair.py --shape llama8b --attention`` (built
 under ``--pair-dir`` when missing, ~3.2 GiB of ``pytorch_model.bin``): a Llama-3.1-8B-shape
 target whose greedy token goes through its layer-0 attention and a Llama-3.1-8B EAGLE-3-shape
 draft, both at full size (every layer computes; layers 1-31 write nothing), whose agreement is

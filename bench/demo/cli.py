@@ -1,12 +1,12 @@
 """One command on a GPU machine: plain decoding, upstream EAGLE-3 and ``--enable-verify-cuda-graph``.
 
-    python -m sglang_verify_graph.demo [--model llama-8b] [--context 1024] [--new-tokens 64]
+    python -m bench demo [--model llama-8b] [--context 1024] [--new-tokens 64]
         [--concurrency 8] [--repeats 3] [--workdir DIR] [--out FILE] [--dry-run]
 
 What it does, in order:
 
 1. writes config-only model folders (random weights, ``--load-format dummy``;
-   :mod:`sglang_verify_graph.dummy_models`) for the target and its EAGLE-3 draft into
+   :mod:`bench.models.dummy_models`) for the target and its EAGLE-3 draft into
    ``WORKDIR/models``;
 2. starts the stock ``python -m sglang.launch_server`` three times, one after another (each is
    stopped before the next starts), with the same target, flags and seed:
@@ -56,8 +56,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from sglang_verify_graph import dummy_models
-from sglang_verify_graph.demo_report import (
+from bench.models import dummy_models
+from bench.demo.report import (
     DEFAULT_WORKDIR,
     DESCRIPTION,
     DemoError,
@@ -71,7 +71,7 @@ from sglang_verify_graph.demo_report import (
     build_report,
     print_report,
 )
-from sglang_verify_graph.demo_server import (
+from bench.lib.server import (
     _free_port,
     measure_server,
     start_server,
@@ -95,7 +95,7 @@ def _int_at_least(low: int, high: Optional[int] = None):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m sglang_verify_graph.demo",
+        prog="python -m bench demo",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Start the stock SGLang server three times on a dummy-weight model - upstream "
@@ -231,7 +231,7 @@ def plan_lines(a: argparse.Namespace) -> List[str]:
     target, draft = model_paths(a.workdir, a.model)
     c = a.concurrency
     lines = [
-        f"sglang_verify_graph.demo: plain decoding vs upstream EAGLE-3 vs {FLAG}, "
+        f"bench.demo.cli: plain decoding vs upstream EAGLE-3 vs {FLAG}, "
         f"dummy-weight {a.model}",
         f"work dir {a.workdir}: models in models/, server logs server_<mode>.log, "
         f"results {a.out}",

@@ -1,4 +1,4 @@
-"""Rows, advisor check and tables of ``benchmark/bench_speedup.py`` (pure Python: no torch, no sglang).
+"""Rows, advisor check and tables of ``bench/speedup.py`` (pure Python: no torch, no sglang).
 
 Input: the ``modes`` of one run, ``{mode: {"phases": [phase, ...], ...}}`` with ``mode`` one of
 ``plain``, ``upstream``, ``ours``. A phase is one measured point (``bench_speedup.run_child``):
@@ -188,7 +188,7 @@ def profile_segments(log_path: str) -> dict:
     between one point's ``BENCH point`` line and the next one's (the profile drains its events
     a few cycles late, so a window can hold the previous point's last cycles: lines whose ``bs=``
     is not the point's are dropped). ``{}`` for a log that cannot be read."""
-    from sglang_verify_graph.advisor_inputs import LOG_TAG
+    from sglang_verify_graph.advisor.inputs import LOG_TAG
 
     out, key = {}, None
     try:

@@ -42,7 +42,7 @@ Assumptions and limits
     * SGLang 0.5.16 runs k - 1 draft forwards per cycle (the first draft token comes from the
       draft-extend pass); scaling the draft phase by k over-counts it slightly (conservative).
 
-Profile log (``--from-log FILE``; format and parser: ``sglang_verify_graph.advisor_inputs``)
+Profile log (``--from-log FILE``; format and parser: ``sglang_verify_graph.advisor.inputs``)
     ``verify_graph_profile num_steps=2 decode_ms=12.0 verify_ms=25.6 draft_ms=1.0
     draft_extend_ms=0.3 accept_length=1.93`` (key=value, one record per line, any prefix);
     medians per ``num_steps``; without ``--num-steps`` the one with most lines. Flags override.
@@ -54,10 +54,10 @@ import argparse
 import sys
 from typing import Dict, Optional, Sequence
 
-from sglang_verify_graph.advisor_inputs import (LOG_TAG, AdvisorError, ProfileSummary, ms_value,
+from sglang_verify_graph.advisor.inputs import (LOG_TAG, AdvisorError, ProfileSummary, ms_value,
                                                 num_steps_value, parse_profile_log, rate_value,
                                                 steps_points)
-from sglang_verify_graph.advisor_model import (Inputs, Row, best_num_steps,
+from sglang_verify_graph.advisor.model import (Inputs, Row, best_num_steps,
                                                break_even_accept_length,
                                                constant_rate_for_accept_length, evaluate,
                                                expected_accept_length, fit_verify_line, speedup)
@@ -243,6 +243,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(report)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ pool sizing leaves on one GPU (``docs/field_scale.md`` tabulates them). Standard
 
 from __future__ import annotations
 
-from sglang_verify_graph.dummy_models import text_config
+from bench.models.dummy_models import text_config
 
 BF16, FP32 = 2, 4
 

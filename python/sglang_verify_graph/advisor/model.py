@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from sglang_verify_graph.advisor_inputs import AdvisorError
+from sglang_verify_graph.advisor.inputs import AdvisorError
 
 
 # ----------------------------------------------------------------------------- math

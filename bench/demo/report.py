@@ -82,11 +82,11 @@ def median(values: Iterable[Optional[float]]) -> Optional[float]:
 def profile_at_batch(lines: Iterable[str], bs: int) -> Optional[dict]:
     """Medians of the ``verify_graph_profile`` lines whose window ran at batch size ``bs``
     (``bs=`` is the window's mean batch size, so a window across two load levels is left out),
-    parsed by :func:`sglang_verify_graph.advisor_inputs.parse_profile_log`: ``verify_ms``,
+    parsed by :func:`sglang_verify_graph.advisor.inputs.parse_profile_log`: ``verify_ms``,
     ``draft_ms``, ``draft_extend_ms``, ``other_ms`` (device ms per cycle, whole batch),
     ``cycle_ms`` (device ms; median of the lines' own field), ``accept_length``, ``lines``.
     ``None`` when no line ran at ``bs``."""
-    from sglang_verify_graph.advisor_inputs import parse_profile_log
+    from sglang_verify_graph.advisor.inputs import parse_profile_log
 
     picked = [ln for ln in lines if _field(ln, "bs") is not None and float(_field(ln, "bs")) == bs]
     if not picked:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-step GPU time of the EAGLE-3 (topk 1) target verify: ours vs upstream vs plain decode.
 
-    python3 benchmark/bench_verify.py [--model llama-8b|llama-small|kimi-small|kimi-small-mla|kimi-k25-shard|...]
+    python3 bench/verify.py [--model llama-8b|llama-small|kimi-small|kimi-small-mla|kimi-k25-shard|...]
         [--contexts 1024,8192] [--batch-sizes 1,8] [--new-tokens 64] [--steps 2 | --steps 1,2,3,5]
         [--modes ours,upstream,plain] [--out results.json] [--quick]
         [--moe-runner-backend triton] [--cuda-graph-bs 1,8,32] [--engine-extra JSON] [--require-replays]
@@ -97,7 +97,7 @@ if __name__ == "__mp_main__" and os.environ.get(PROBE_ENV) == "1":  # scheduler 
 def model_paths(a):
     d = os.path.abspath(a.models_dir)
     if not os.path.isfile(os.path.join(d, a.model, "config.json")):
-        subprocess.run([sys.executable, "-m", "sglang_verify_graph.dummy_models", d, "--only", a.model],
+        subprocess.run([sys.executable, "-m", "bench.models.dummy_models", d, "--only", a.model],
                        check=True)
     return os.path.join(d, a.model), os.path.join(d, a.model + "-eagle3")
 
@@ -727,7 +727,7 @@ def parse_args(argv=None):
     ap.add_argument("--model", default="llama-8b", choices=["llama-8b", "llama-small", "kimi-small", "kimi-small-mla",
                                                             "kimi-k25-shard", "kimi-k25-shard-wrapped"])
     ap.add_argument("--models-dir", default=os.environ.get("MODELS_DIR", "/tmp/models"),
-                    help="folder of python -m sglang_verify_graph.dummy_models output (made if missing)")
+                    help="folder of python -m bench.models.dummy_models output (made if missing)")
     ap.add_argument("--contexts", type=ints, default=[1024, 8192], help="prompt lengths in tokens, comma list")
     ap.add_argument("--batch-sizes", type=ints, default=[1, 8], help="comma list")
     ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens per measured request")
@@ -746,10 +746,10 @@ def parse_args(argv=None):
                     help="radix cache on, prompts shared across batch sizes: each context prefilled once (sweep)")
     ap.add_argument("--capture-only", action="store_true",
                     help="start each engine and shut it down, no phase (its capture line is the result; "
-                         "benchmark/bench_capture.py)")
+                         "bench/capture.py)")
     ap.add_argument("--plain-twice", action="store_true",
                     help="start a second plain engine last (plain_end): decode = the lower median per point, "
-                         "points whose two medians differ by > 5%% listed (benchmark/baseline.py)")
+                         "points whose two medians differ by > 5%% listed (bench/lib/baseline.py)")
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--engine-extra", default="{}", help="JSON dict of extra Engine/ServerArgs kwargs (applied last)")
     ap.add_argument("--moe-runner-backend", default=None,

@@ -1,6 +1,6 @@
 """Project GPU kernels (Triton) for the verify CUDA graph: the topk=1 chain verify attention."""
 
-from sgl_verify_kernel.chain_verify_attention import (  # noqa: F401
+from sglang_verify_graph.kernel.chain_verify_attention import (  # noqa: F401
     ChainVerifyShape,
     chain_verify_attention_fwd,
     chain_verify_attention_ref,

@@ -1,0 +1,1 @@
+"""The lab's shared library: engine and server harnesses, the probe, timers, result formats."""

@@ -1,0 +1,1 @@
+"""The SGLang compatibility layer: the only modules that import ``sglang.srt``."""
