@@ -7,6 +7,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# the lab package (``bench``) lives at the repository root, outside the wheel
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cuda_count() -> int:
