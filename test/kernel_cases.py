@@ -14,6 +14,8 @@ from sglang_verify_graph.kernel import (
     chain_verify_attention_fwd,
     chain_verify_attention_ref,
     choose_num_kv_splits,
+    launch_config,
+    launch_with_config,
     workspace_numel,
 )
 
@@ -23,7 +25,7 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
              splits: int | None = None, pool_slots: int = 4096, ctx: int = 1024,
              seed: int = 0, block_rows: int = 0, seq_lens_include_chain: bool = False,
              per_row: bool = False, stage1_overrides: dict | None = None,
-             ref_fault: str | None = None) -> float:
+             fault: str | None = None, ref_fault: str | None = None) -> float:
     """Run one case; returns the relative error (raises AssertionError on NaN / unwritten rows).
 
     ``block_rows``: ``ChainVerifyShape.block_rows`` (0: the kernel's own policy).
@@ -31,9 +33,10 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
     value below ndt is a padded row, prefix 0). ``per_row``: return the largest relative error of
     one (token, head) row instead of the whole tensor's (one bad row in thousands cannot hide);
     ``"both"``: the pair ``(whole, per_row)``.
-    ``stage1_overrides``: passed to ``chain_verify_attention_fwd`` (launch settings under test).
-    ``ref_fault``: the test fault the reference computes (``chain_verify_attention_ref``'s
-    ``fault``; the kernel's comes from ``SGLANG_VERIFY_GRAPH_TEST_FAULT``)."""
+    ``stage1_overrides``: stage-1 launch settings replacing :func:`launch_config`'s, launched with
+    :func:`launch_with_config` (how the kernel benchmark's tuning harness launches).
+    ``fault``: the kernel's test fault (``chain_verify_attention_fwd``'s ``fault``); ``ref_fault``:
+    the one the reference computes (``chain_verify_attention_ref``'s ``fault``)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     bs = len(seq_lens)
     n_pool_rows = max(8, bs)
@@ -55,8 +58,13 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
     att_lse = torch.full((n_lse,), float("nan"), device=device)
     o = torch.full((bs * ndt, heads, dv), float("nan"), dtype=dtype, device=device)
     scale = dk ** -0.5
-    chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, sl, shape, ns, scale, att_out, att_lse, cap,
-                               seq_lens_include_chain=seq_lens_include_chain, stage1_overrides=stage1_overrides)
+    if stage1_overrides:
+        cfg1, cfg2 = launch_config(shape, cap > 0, seq_lens_include_chain)
+        launch_with_config(q, k_buf, v_buf, o, r2t, rpi, sl, shape, ns, scale, att_out, att_lse,
+                           {**cfg1, **stage1_overrides}, cfg2, cap)
+    else:
+        chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, sl, shape, ns, scale, att_out, att_lse, cap,
+                                   seq_lens_include_chain=seq_lens_include_chain, fault=fault)
     ref = chain_verify_attention_ref(q.cpu(), k_buf.cpu(), v_buf.cpu(), r2t.cpu(), rpi.cpu(), sl.cpu(),
                                      ndt, scale, cap, seq_lens_include_chain=seq_lens_include_chain,
                                      fault=ref_fault, num_kv_splits=ns)

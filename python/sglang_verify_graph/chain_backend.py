@@ -78,6 +78,12 @@ class _ChainTritonBackend(adapter.triton_attn_backend_cls()):
     def serves(self, forward_mode) -> bool:
         raise NotImplementedError
 
+    @property
+    def test_fault(self):
+        """The kernel test fault of this backend's launches: the config's for the verify role
+        (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, tests only), never one for the draft extend."""
+        return None if self.seq_lens_include_chain else self.verify_cfg.test_fault
+
     def __init__(self, model_runner, cfg: VerifyGraphConfig):
         super().__init__(model_runner)
         self.verify_cfg = cfg
@@ -197,7 +203,7 @@ class _ChainTritonBackend(adapter.triton_attn_backend_cls()):
             o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
             self.req_to_token, meta.req_pool_indices, meta.seq_lens, self.chain_shape, meta.num_kv_splits,
             layer.scaling, meta.att_out, meta.att_lse, cap,
-            seq_lens_include_chain=self.seq_lens_include_chain,
+            seq_lens_include_chain=self.seq_lens_include_chain, fault=self.test_fault,
         )
         return o
 

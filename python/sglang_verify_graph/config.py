@@ -112,6 +112,8 @@ class VerifyGraphConfig:
         draft_extend_attention: ``"chain"`` (the draft's ``DRAFT_EXTEND_V2`` attention on a
             triton draft-extend backend is the chain kernel) or ``"upstream"``
             (``SGLANG_VERIFY_GRAPH_DRAFT_EXTEND``).
+        test_fault: the chain kernel's test fault for verify launches
+            (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, tests only), or ``None``.
     """
 
     num_steps: int
@@ -132,6 +134,7 @@ class VerifyGraphConfig:
     selftest_nan: bool = False
     verify_attention: str = "chain"
     draft_extend_attention: str = "chain"
+    test_fault: Optional[str] = None
 
 
 def _check_algorithm(server_args: Any) -> str:
@@ -367,6 +370,7 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         selftest=env.selftest,
         selftest_nan=env.selftest and env.selftest_nan,
         draft_extend_attention=env.draft_extend,
+        test_fault=env.test_fault,
     )
 
 

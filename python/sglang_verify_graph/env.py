@@ -41,6 +41,13 @@ ENV_SYNC_CHECK = "SGLANG_VERIFY_GRAPH_SYNC_CHECK"
 """Boolean: count synchronizing CUDA calls inside each EAGLE verify step (``sync_check.py``;
 tests only). Independent of :data:`ENV_ENABLE` (upstream's verify can be checked too)."""
 
+ENV_TEST_FAULT = "SGLANG_VERIFY_GRAPH_TEST_FAULT"
+"""Tests only: one of :data:`TEST_FAULT_CHOICES` makes the chain kernel's verify launches compute
+that wrong attention (``sglang_verify_graph.kernel.TEST_FAULTS``), so a test can show a kernel
+fault changes output tokens; unset or empty: no fault."""
+
+TEST_FAULT_CHOICES = ("causal_plus_one", "causal_minus_one", "drop_first_split")
+
 _TRUE = ("1", "true", "yes", "on")
 _EXPLICIT_FALSE = ("0", "false", "no", "off")
 _FALSE = ("",) + _EXPLICIT_FALSE
@@ -62,6 +69,7 @@ class EnvSettings:
         profile_every: :data:`ENV_PROFILE_EVERY` (EAGLE cycles between per-phase profile log
             lines; 0 = profile off).
         draft_extend: :data:`ENV_DRAFT_EXTEND` (one of :data:`DRAFT_EXTEND_CHOICES`).
+        test_fault: :data:`ENV_TEST_FAULT` (one of :data:`TEST_FAULT_CHOICES`), or ``None``.
         enable_set_off: :data:`ENV_ENABLE` is set to an explicit false value (``0``/``false``/
             ``no``/``off``), not merely unset or empty: together with the command-line flag that is
             a conflict (``cli.from_cli_args_hook`` refuses it).
@@ -76,11 +84,15 @@ class EnvSettings:
     selftest_nan: bool = False
     sync_check: bool = False
     draft_extend: str = "chain"
+    test_fault: Optional[str] = None
 
 
-def _parse_choice(environ: Mapping[str, str], name: str, choices: tuple, default: str) -> str:
+def _parse_choice(environ: Mapping[str, str], name: str, choices: tuple,
+                  default: Optional[str]) -> Optional[str]:
     raw = environ.get(name, "")
     value = raw.strip().lower() or default
+    if value is None:
+        return None
     if value not in choices:
         raise VerifyGraphConfigError(
             f"environment value must be one of {', '.join(choices)}", name, repr(raw),
@@ -134,7 +146,8 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
             :data:`ENV_ENABLE`, non-integer or out-of-range
             :data:`ENV_NUM_KV_SPLITS` (< 1), :data:`ENV_LOG_EVERY` or
             :data:`ENV_PROFILE_EVERY` (< 0), :data:`ENV_DRAFT_EXTEND` not one of
-            :data:`DRAFT_EXTEND_CHOICES`).
+            :data:`DRAFT_EXTEND_CHOICES`, :data:`ENV_TEST_FAULT` not one of
+            :data:`TEST_FAULT_CHOICES`).
             These variables belong to this plugin, so a typo fails loudly even
             while the flag is off.
     """
@@ -150,4 +163,5 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> EnvSettings:
         selftest_nan=_parse_bool(environ, ENV_SELFTEST_NAN),
         sync_check=_parse_bool(environ, ENV_SYNC_CHECK),
         draft_extend=_parse_choice(environ, ENV_DRAFT_EXTEND, DRAFT_EXTEND_CHOICES, "chain"),
+        test_fault=_parse_choice(environ, ENV_TEST_FAULT, TEST_FAULT_CHOICES, None),
     )

@@ -44,6 +44,7 @@ def chain_backend_stub(cls, h=4, kvh=2, d=16, ndt=3, bs=2, **layer_fields):
                                            torch.full((bs,), 5, dtype=torch.int64), 1,
                                            torch.empty(4096), torch.empty(256))
     backend._set_kv_buffer = lambda *a, **k: None
+    backend.verify_cfg = chain_config()
     layer = SimpleNamespace(**{
         "layer_id": 0, "tp_q_head_num": h, "qk_head_dim": d, "v_head_dim": d, "scaling": d ** -0.5,
         "sliding_window_size": -1, "is_cross_attention": False, "xai_temperature_len": -1,

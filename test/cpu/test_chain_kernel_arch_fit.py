@@ -60,7 +60,6 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "sgl-kernel"))
 
 import sglang_verify_graph.kernel.chain_verify_attention as cva  # noqa: E402
 

@@ -64,6 +64,25 @@ def test_every_other_mode_is_upstream(kernel_calls, upstream_calls, cls, other):
     assert kernel_calls == [] and upstream_calls == ["upstream"]
 
 
+@pytest.mark.parametrize("fault", ["causal_plus_one", "causal_minus_one", "drop_first_split"])
+def test_the_config_test_fault_reaches_verify_launches_only(kernel_calls, upstream_calls, fault):
+    """``SGLANG_VERIFY_GRAPH_TEST_FAULT`` travels env -> config -> the verify backend -> the
+    kernel launch; the draft-extend launches never get it."""
+    for cls, mode, want in ((cb.ChainVerifyTritonBackend, "TARGET_VERIFY", fault),
+                            (cb.ChainDraftExtendTritonBackend, "DRAFT_EXTEND_V2", None)):
+        backend, layer, q, k = chain_backend_stub(cls)
+        backend.verify_cfg = chain_config(test_fault=fault)
+        backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode(mode)))
+        assert kernel_calls.pop()["fault"] == want
+
+
+def test_without_the_variable_no_launch_is_faulted(kernel_calls, upstream_calls):
+    backend, layer, q, k = chain_backend_stub(cb.ChainVerifyTritonBackend)
+    backend.verify_cfg = chain_config(test_fault=read_env({}).test_fault)
+    backend.forward_extend(q, k, k.clone(), layer, SimpleNamespace(forward_mode=_mode("TARGET_VERIFY")))
+    assert kernel_calls == [{"seq_lens_include_chain": False, "fault": None}]
+
+
 def test_reference_switch_serves_draft_extend_with_upstream(kernel_calls, upstream_calls):
     """The self-test's independent reference: SGLang's own DRAFT_EXTEND_V2 attention."""
     backend, layer, q, k = chain_backend_stub(cb.ChainDraftExtendTritonBackend)

@@ -1,9 +1,13 @@
-"""Project GPU kernels (Triton) for the verify CUDA graph: the topk=1 chain verify attention."""
+"""The chain verify attention kernel (Triton): the topk=1 chain's split-KV attention over the
+page table, for the verify graph and the draft extend."""
 
 from sglang_verify_graph.kernel.chain_verify_attention import (  # noqa: F401
+    TEST_FAULTS,
     ChainVerifyShape,
     chain_verify_attention_fwd,
     chain_verify_attention_ref,
     choose_num_kv_splits,
+    launch_config,
+    launch_with_config,
     workspace_numel,
 )

@@ -39,25 +39,25 @@ Padded rows (``raw_bs <= row < bs``) may hold any ``req_pool_indices`` row and `
 whose first ``seq_lens + num_draft_tokens`` page-table entries are valid slot ids (SGLang pads
 with row 0 and ``seq_len_fill_value = 1``): they read valid slots and never touch real rows.
 
-Test fault switch (tests only): ``SGLANG_VERIFY_GRAPH_TEST_FAULT`` (:data:`TEST_FAULT_ENV`, read
-once, at the first launch of the process) set to ``causal_plus_one`` (draft position ``j`` also
-sees key ``seq_lens + j + 1``, within the chain), ``causal_minus_one`` (it does not see its own
-key) or ``drop_first_split`` (a request with more than one KV split does not read the keys of
-its first split) makes the verify launches (``seq_lens_include_chain=False``) compute that wrong
-attention, so that a test can show it changes output tokens. The draft-extend launches are never
-faulted (their callers' tests stay independent of it). Unset or empty: the constexpr ``FAULT`` is
-not passed, the same build as without the switch.
+Test faults (tests only): ``chain_verify_attention_fwd(..., fault=NAME)`` with a name of
+:data:`TEST_FAULTS` computes that wrong attention (``causal_plus_one``: draft position ``j`` also
+sees key ``seq_lens + j + 1``, within the chain; ``causal_minus_one``: it does not see its own
+key; ``drop_first_split``: a request with more than one KV split does not read the keys of its
+first split), so that a test can show it changes output tokens. ``fault=None`` (the default)
+launches the same build as a kernel without the switch. The kernel reads no environment
+variable: the verify backend passes the fault its config parsed
+(``SGLANG_VERIFY_GRAPH_TEST_FAULT``, ``sglang_verify_graph.env``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
+
+from sglang_verify_graph.kernel.triton_chain import _chain_verify_stage1, _chain_verify_stage2
 
 # Keys per split never go below this (tokens): short contexts use fewer splits.
 MIN_KEYS_PER_SPLIT = 64
@@ -74,147 +74,8 @@ BLOCK_R_CHOICES = (16, 32)
 # Triton 3.6 and 3.8, and sm_86/89/120 parts offer 99 KB (test/cpu/test_chain_kernel_arch_fit.py).
 STAGE1_NUM_STAGES = (2, 1)
 
-TEST_FAULT_ENV = "SGLANG_VERIFY_GRAPH_TEST_FAULT"
-"""Environment variable of the test fault switch (module docstring)."""
 TEST_FAULTS = {"causal_plus_one": 1, "causal_minus_one": 2, "drop_first_split": 3}
 """Test fault name -> stage 1's ``FAULT`` constexpr (0: no fault)."""
-
-
-@triton.jit
-def _chain_verify_stage1(
-    Q, K_Buffer, V_Buffer, Req_to_token, Req_pool_indices, Seq_lens,
-    Att_Out, Att_Lse,
-    sm_scale, logit_cap,
-    stride_qt, stride_qh,
-    stride_kbs, stride_kh,
-    stride_vbs, stride_vh,
-    stride_r2t,
-    stride_ot, stride_oh, stride_os,
-    stride_lt, stride_lh,
-    num_splits,
-    NDT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCKS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
-    LK: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_CAP: tl.constexpr,
-    CHAIN_IN_SEQ: tl.constexpr, V_FROM_K: tl.constexpr = False, FAULT: tl.constexpr = 0,
-):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1) // ROW_BLOCKS
-    rb = tl.program_id(1) % ROW_BLOCKS
-    split = tl.program_id(2)
-
-    req = tl.load(Req_pool_indices + b)
-    prefix = tl.load(Seq_lens + b).to(tl.int32)
-    if CHAIN_IN_SEQ:
-        prefix = tl.maximum(prefix - NDT, 0)
-    total = prefix + NDT
-    eff_splits = tl.minimum(num_splits, tl.cdiv(total, MIN_SPLIT))
-    split_len = tl.cdiv(total, eff_splits)
-    start = split * split_len
-    end = tl.minimum(start + split_len, total)
-    if FAULT == 3:  # test fault drop_first_split: the first of several splits reads no key
-        end = tl.where((split == 0) & (eff_splits > 1), start, end)
-
-    rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < NDT * GROUP
-    j = rows // GROUP
-    tok = b * NDT + j
-    head = kvh * GROUP + rows % GROUP
-    limit = prefix + j + 1  # keys [0, limit) are visible to draft position j
-    if FAULT == 1:  # test fault causal_plus_one (keys past the chain stay unread: end <= total)
-        limit = limit + 1
-    if FAULT == 2:  # test fault causal_minus_one
-        limit = limit - 1
-
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    d_ok = offs_d < (LK - BLOCK_DPE)
-    dv_ok = offs_dv < LV
-    q_ptr = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
-    q = tl.load(q_ptr + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if BLOCK_DPE > 0:
-        offs_pe = (LK - BLOCK_DPE) + tl.arange(0, BLOCK_DPE)
-        q_pe = tl.load(q_ptr + offs_pe[None, :], mask=row_ok[:, None], other=0.0)
-
-    e_max = tl.zeros([BLOCK_R], dtype=tl.float32) - float("inf")
-    e_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-    if split < eff_splits:
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < end
-            loc = tl.load(Req_to_token + req * stride_r2t + offs_n, mask=n_ok, other=0).to(tl.int64)
-            k = tl.load(
-                K_Buffer + loc[None, :] * stride_kbs + kvh * stride_kh + offs_d[:, None],
-                mask=n_ok[None, :] & d_ok[:, None], other=0.0,
-            )
-            qk = tl.dot(q, k.to(q.dtype))
-            if BLOCK_DPE > 0:
-                k_pe = tl.load(
-                    K_Buffer + loc[None, :] * stride_kbs + kvh * stride_kh + offs_pe[:, None],
-                    mask=n_ok[None, :], other=0.0,
-                )
-                qk += tl.dot(q_pe, k_pe.to(q_pe.dtype))
-            qk *= sm_scale
-            if USE_CAP:
-                qk = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * qk / logit_cap)) - 1.0)
-            vis = (offs_n[None, :] < limit[:, None]) & n_ok[None, :] & row_ok[:, None]
-            qk = tl.where(vis, qk, -1.0e30)
-            n_e_max = tl.maximum(tl.max(qk, 1), e_max)
-            re_scale = tl.exp(e_max - n_e_max)
-            p = tl.where(vis, tl.exp(qk - n_e_max[:, None]), 0.0)
-            if V_FROM_K:  # V is the first LV columns of K (MLA's latent): reuse the loaded tile
-                v = tl.trans(k)
-            else:
-                v = tl.load(
-                    V_Buffer + loc[:, None] * stride_vbs + kvh * stride_vh + offs_dv[None, :],
-                    mask=n_ok[:, None] & dv_ok[None, :], other=0.0,
-                )
-            acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v)
-            e_sum = e_sum * re_scale + tl.sum(p, 1)
-            e_max = n_e_max
-        has = e_sum > 0.0
-        out = acc / tl.where(has, e_sum, 1.0)[:, None]
-        lse = tl.where(has, e_max + tl.log(tl.where(has, e_sum, 1.0)), float("-inf"))
-        o_ptr = Att_Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_os
-        tl.store(o_ptr + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
-        tl.store(Att_Lse + tok * stride_lt + head * stride_lh + split, lse, mask=row_ok)
-
-
-@triton.jit
-def _chain_verify_stage2(
-    Att_Out, Att_Lse, O, Seq_lens,
-    stride_ot, stride_oh, stride_os,
-    stride_lt, stride_lh,
-    stride_obs, stride_oh_out,
-    num_splits,
-    NDT: tl.constexpr, BLOCK_DV: tl.constexpr, LV: tl.constexpr, MIN_SPLIT: tl.constexpr,
-    CHAIN_IN_SEQ: tl.constexpr,
-):
-    tok = tl.program_id(0)
-    head = tl.program_id(1)
-    prefix = tl.load(Seq_lens + tok // NDT).to(tl.int32)
-    if CHAIN_IN_SEQ:
-        prefix = tl.maximum(prefix - NDT, 0)
-    total = prefix + NDT
-    eff_splits = tl.minimum(num_splits, tl.cdiv(total, MIN_SPLIT))
-    offs_dv = tl.arange(0, BLOCK_DV)
-    dv_ok = offs_dv < LV
-    m = float("-inf")
-    s = 0.0
-    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for sp in range(0, eff_splits):
-        lse = tl.load(Att_Lse + tok * stride_lt + head * stride_lh + sp)
-        o = tl.load(Att_Out + tok * stride_ot + head * stride_oh + sp * stride_os + offs_dv,
-                    mask=dv_ok, other=0.0)
-        n_m = tl.maximum(m, lse)
-        w_old = tl.where(m > float("-inf"), tl.exp(m - n_m), 0.0)
-        w_new = tl.where(lse > float("-inf"), tl.exp(lse - n_m), 0.0)
-        acc = acc * w_old + o * w_new
-        s = s * w_old + w_new
-        m = n_m
-    tl.store(O + tok * stride_obs + head * stride_oh_out + offs_dv,
-             (acc / s).to(O.dtype.element_ty), mask=dv_ok)
 
 
 @dataclass(frozen=True)
@@ -253,13 +114,8 @@ class ChainVerifyShape:
     def block_r(self) -> int:
         """Query rows per program (``BLOCK_R``): ``block_rows`` if set, else whichever of 16 and 32
         pads ``rows`` to the fewest rows, 32 on a tie (fewer row blocks, so fewer KV re-reads).
-
-        32 is the cap for registers (MLA's 512-wide fp32 accumulator). So 40 and 48 rows (5 and 6
-        draft tokens x 8 MLA heads) take three 16-row blocks (48 rows) instead of two 32-row blocks
-        (64). Measured (docs/benchmarks.md 11.4, one H200, Kimi TP-8 shard, with the split count
-        ``choose_num_kv_splits`` gives each tiling): faster at 12 of 18 op points (up to 22% less
-        time), slower at 5 (up to 12% more: bs 1 at 4k/16k, 16k bs 32 with 5 tokens); the engine's
-        6-token verify 4-8% faster at bs 16-32 and at 4k/16k bs 8, unchanged at bs 1.
+        32 is the register cap (MLA's 512-wide fp32 accumulator), so 40 and 48 rows (5 and 6 draft
+        tokens x 8 MLA heads) take three 16-row blocks (48 rows) rather than two 32-row blocks (64).
         """
         if self.block_rows:
             return self.block_rows
@@ -271,21 +127,19 @@ class ChainVerifyShape:
 
 
 def choose_num_kv_splits(shape: ChainVerifyShape, bs: int, num_sms: int,
-                         override: int | None = None, programs_per_sm: int = PROGRAMS_PER_SM,
-                         max_splits: int = MAX_KV_SPLITS) -> int:
-    """Splits per request for a batch of ``bs`` requests (a power of two in [1, max_splits]).
+                         override: int | None = None) -> int:
+    """Splits per request for a batch of ``bs`` requests: a power of two in
+    [1, ``MAX_KV_SPLITS``], or ``override`` (a user's count) clamped to that range.
 
-    Chosen so stage 1 launches about ``programs_per_sm * num_sms`` programs; at run time each
+    Chosen so stage 1 launches about ``PROGRAMS_PER_SM * num_sms`` programs; at run time each
     request uses ``min(num_kv_splits, cdiv(seq_len + ndt, MIN_KEYS_PER_SPLIT))`` of them. Depends
-    only on ``bs`` (a Python int), so it is fixed per captured bucket. ``programs_per_sm`` and
-    ``max_splits`` default to the module's policy (``PROGRAMS_PER_SM``, ``MAX_KV_SPLITS``); the
-    kernel benchmark's tuning mode varies them.
+    only on ``bs`` (a Python int), so it is fixed per captured bucket.
     """
     if override:
-        return max(1, min(max_splits, int(override)))
+        return max(1, min(MAX_KV_SPLITS, int(override)))
     base = max(1, bs * shape.num_kv_heads * shape.row_blocks)
-    want = max(1, math.ceil(programs_per_sm * num_sms / base))
-    return max(1, min(max_splits, triton.next_power_of_2(want)))
+    want = max(1, math.ceil(PROGRAMS_PER_SM * num_sms / base))
+    return max(1, min(MAX_KV_SPLITS, triton.next_power_of_2(want)))
 
 
 def workspace_numel(shape: ChainVerifyShape, bs: int, num_kv_splits: int) -> tuple[int, int]:
@@ -299,11 +153,8 @@ def launch_config(shape: ChainVerifyShape, use_cap: bool = False,
     """Constexprs and launch options of stage 1 and stage 2 for ``shape`` (new dicts, the keyword
     arguments of the two launches). ``use_cap``: a logit soft cap is set; ``chain_in_seq``: the
     ``seq_lens_include_chain`` lengths. Stage 1's ``num_stages`` is ``STAGE1_NUM_STAGES[0]``; the
-    launcher lowers it on a device that cannot hold that build (``choose_num_stages``).
-
-    Stage 1 runs 4 warps for every shape: with MLA's 512-wide latent, 4 warps x 32-key blocks took
-    0.61-0.84x the time of 8 warps at bs 8-32 on the H200 (Kimi TP-8 shard, 3-4 draft tokens,
-    1k-16k; ``bench_chain_kernel.py --tune``, docs/benchmarks.md section 10)."""
+    launcher lowers it on a device that cannot hold that build (``choose_num_stages``). Stage 1
+    runs 4 warps and 64-key blocks (32 when a head dim is 256 or wider) for every shape."""
     block_dpe = shape.rope_dim
     block_d = triton.next_power_of_2(shape.head_dim_qk - block_dpe)
     block_dv = triton.next_power_of_2(shape.head_dim_v)
@@ -359,61 +210,10 @@ def _stage1_num_stages(args: tuple, grid: tuple, cfg: dict) -> int:
     return n
 
 
-def parse_test_fault(raw: str | None) -> int:
-    """The ``FAULT`` constexpr for a value of :data:`TEST_FAULT_ENV` (None or blank: 0).
-    Raises ValueError, one line naming the variable and the valid values, on any other value."""
-    value = (raw or "").strip()
-    if not value:
-        return 0
-    if value not in TEST_FAULTS:
-        raise ValueError(f"{TEST_FAULT_ENV}={raw!r}: use one of {', '.join(TEST_FAULTS)}, or unset "
-                         f"it (a test-only fault of the chain verify attention)")
-    return TEST_FAULTS[value]
-
-
-_TEST_FAULT: list = []  # the parsed switch, once per process
-
-
-def read_test_fault() -> int:
-    """:func:`parse_test_fault` of the environment, read at the first call only."""
-    if not _TEST_FAULT:
-        _TEST_FAULT.append(parse_test_fault(os.environ.get(TEST_FAULT_ENV)))
-    return _TEST_FAULT[0]
-
-
-
-
-def v_is_k_prefix(k_buffer: torch.Tensor, v_buffer: torch.Tensor, shape: ChainVerifyShape) -> bool:
-    """True when ``v_buffer`` is the first ``head_dim_v`` columns of ``k_buffer`` (MLA's latent:
-    SGLang's MLA pool hands the kernel ``k_buffer[..., :kv_lora_rank]`` as the values) and those are
-    exactly the non-rope part of the key, so stage 1 can reuse the loaded key tile as ``V``."""
-    return (v_buffer.data_ptr() == k_buffer.data_ptr()
-            and v_buffer.stride()[:2] == k_buffer.stride()[:2]
-            and shape.head_dim_v == shape.head_dim_qk - shape.rope_dim
-            and triton.next_power_of_2(shape.head_dim_v) == shape.head_dim_v)
-
-
-def chain_verify_attention_fwd(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    shape: ChainVerifyShape, num_kv_splits: int, sm_scale: float,
-    att_out_flat: torch.Tensor, att_lse_flat: torch.Tensor, logit_cap: float = 0.0,
-    seq_lens_include_chain: bool = False, stage1_overrides: dict | None = None,
-) -> torch.Tensor:
-    """Run the two-stage chain verify attention; writes and returns ``o`` ([T, H, Dv]).
-
-    ``att_out_flat`` / ``att_lse_flat``: fp32 scratch with at least ``workspace_numel(...)``
-    elements (static buffers under a CUDA graph). ``seq_lens_include_chain``: ``seq_lens`` holds
-    the length *with* the chain (``DRAFT_EXTEND_V2``: prefix + num_draft_tokens); the kernel then
-    uses ``max(seq_lens - num_draft_tokens, 0)`` as the prefix, so a padded row with SGLang's
-    ``seq_len_fill_value = 1`` reads only its ``num_draft_tokens`` chain slots. Raises ValueError
-    on inconsistent shapes. ``stage1_overrides``: stage-1 launch settings replacing
-    ``launch_config``'s (keys ``BLOCK_N``, ``num_warps``, ``num_stages``, ``V_FROM_K``; for the kernel
-    benchmark's tuning mode); ``V_FROM_K`` needs ``v_buffer`` to be the first ``Dv`` columns of
-    ``k_buffer`` with ``Dv == Dk - rope_dim`` (ValueError otherwise). With :data:`TEST_FAULT_ENV`
-    set, a launch with ``seq_lens_include_chain=False`` computes that test fault (module
-    docstring); an unknown value raises ValueError at the first launch.
-    """
+def _workspace_views(q, k_buffer, v_buffer, o, req_pool_indices, shape: ChainVerifyShape,
+                     num_kv_splits: int, att_out_flat, att_lse_flat):
+    """The partial-output [T, H, splits, Dv] and LSE [T, H, splits] views of the scratch, after the
+    shape checks of :func:`chain_verify_attention_fwd` (ValueError, one line, on a mismatch)."""
     bs = req_pool_indices.shape[0]
     t = bs * shape.num_draft_tokens
     h, dk, dv = shape.num_q_heads, shape.head_dim_qk, shape.head_dim_v
@@ -430,42 +230,83 @@ def chain_verify_attention_fwd(
     n_out, n_lse = workspace_numel(shape, bs, num_kv_splits)
     if att_out_flat.numel() < n_out or att_lse_flat.numel() < n_lse:
         raise ValueError("chain verify: workspace too small for this batch")
-    att_out = att_out_flat[:n_out].view(t, h, num_kv_splits, dv)
-    att_lse = att_lse_flat[:n_lse].view(t, h, num_kv_splits)
-    cfg1, cfg2 = launch_config(shape, logit_cap > 0, bool(seq_lens_include_chain))
-    overrides = dict(stage1_overrides or {})
-    unknown = set(overrides) - {"BLOCK_N", "num_warps", "num_stages", "V_FROM_K"}
-    if unknown:
-        raise ValueError(f"chain verify: stage1_overrides {sorted(unknown)}: use BLOCK_N, num_warps, "
-                         f"num_stages, V_FROM_K")
-    if overrides.get("V_FROM_K") and not v_is_k_prefix(k_buffer, v_buffer, shape):
-        raise ValueError("chain verify: V_FROM_K needs v_buffer = k_buffer[..., :Dv] with "
-                         "Dv = Dk - rope_dim")
-    cfg1.update(overrides)
-    fault = read_test_fault()  # validated for every role, applied to the verify role only
-    if fault and not seq_lens_include_chain:
-        cfg1["FAULT"] = fault
-    grid1 = (bs, shape.num_kv_heads * shape.row_blocks, num_kv_splits)
-    args1 = (
+    return (att_out_flat[:n_out].view(t, h, num_kv_splits, dv),
+            att_lse_flat[:n_lse].view(t, h, num_kv_splits))
+
+
+def launch_with_config(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    shape: ChainVerifyShape, num_kv_splits: int, sm_scale: float,
+    att_out_flat: torch.Tensor, att_lse_flat: torch.Tensor, stage1: dict, stage2: dict,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:
+    """Launch the two stages with the given keyword arguments (``stage1`` / ``stage2``: the
+    constexprs and launch options, as :func:`launch_config` returns them) and no policy of its
+    own; writes and returns ``o``. Arguments and errors as :func:`chain_verify_attention_fwd`."""
+    att_out, att_lse = _workspace_views(q, k_buffer, v_buffer, o, req_pool_indices, shape,
+                                        num_kv_splits, att_out_flat, att_lse_flat)
+    t, h = att_out.shape[:2]
+    grid1 = (req_pool_indices.shape[0], shape.num_kv_heads * shape.row_blocks, num_kv_splits)
+    _chain_verify_stage1[grid1](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, att_out, att_lse,
         sm_scale, logit_cap,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         att_out.stride(0), att_out.stride(1), att_out.stride(2),
         att_lse.stride(0), att_lse.stride(1),
-        num_kv_splits,
-    )
-    if "num_stages" not in overrides:
-        cfg1["num_stages"] = _stage1_num_stages(args1, grid1, cfg1)
-    _chain_verify_stage1[grid1](*args1, **cfg1)
+        num_kv_splits, **stage1)
     _chain_verify_stage2[(t, h)](
         att_out, att_lse, o, seq_lens,
         att_out.stride(0), att_out.stride(1), att_out.stride(2),
         att_lse.stride(0), att_lse.stride(1), o.stride(0), o.stride(1),
-        num_kv_splits,
-        **cfg2,
-    )
+        num_kv_splits, **stage2)
     return o
+
+
+def chain_verify_attention_fwd(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    shape: ChainVerifyShape, num_kv_splits: int, sm_scale: float,
+    att_out_flat: torch.Tensor, att_lse_flat: torch.Tensor, logit_cap: float = 0.0,
+    seq_lens_include_chain: bool = False, fault: str | None = None,
+) -> torch.Tensor:
+    """Run the two-stage chain verify attention; writes and returns ``o`` ([T, H, Dv]).
+
+    ``att_out_flat`` / ``att_lse_flat``: fp32 scratch with at least ``workspace_numel(...)``
+    elements (static buffers under a CUDA graph). ``seq_lens_include_chain``: ``seq_lens`` holds
+    the length *with* the chain (``DRAFT_EXTEND_V2``: prefix + num_draft_tokens); the kernel then
+    uses ``max(seq_lens - num_draft_tokens, 0)`` as the prefix, so a padded row with SGLang's
+    ``seq_len_fill_value = 1`` reads only its ``num_draft_tokens`` chain slots. ``fault``: a name
+    of :data:`TEST_FAULTS` (tests only; module docstring) or None. Launch settings come from
+    :func:`launch_config`, with stage 1's pipeline depth lowered on a device whose shared memory
+    cannot hold the default (:func:`choose_num_stages`).
+
+    Raises:
+        ValueError: inconsistent shapes or strides, a workspace too small for the batch, an
+            unknown ``fault``, or a fault with ``seq_lens_include_chain`` (one line each).
+    """
+    if fault is not None and fault not in TEST_FAULTS:
+        raise ValueError(f"chain verify: fault {fault!r}: use one of {', '.join(TEST_FAULTS)} or None")
+    if fault is not None and seq_lens_include_chain:
+        raise ValueError("chain verify: a test fault applies to the verify launch only "
+                         "(seq_lens_include_chain=False)")
+    cfg1, cfg2 = launch_config(shape, logit_cap > 0, bool(seq_lens_include_chain))
+    if fault is not None:
+        cfg1["FAULT"] = TEST_FAULTS[fault]
+    att_out, att_lse = _workspace_views(q, k_buffer, v_buffer, o, req_pool_indices, shape,
+                                        num_kv_splits, att_out_flat, att_lse_flat)
+    grid1 = (req_pool_indices.shape[0], shape.num_kv_heads * shape.row_blocks, num_kv_splits)
+    args1 = (q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, att_out, att_lse,
+             sm_scale, logit_cap,
+             q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+             v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
+             att_out.stride(0), att_out.stride(1), att_out.stride(2),
+             att_lse.stride(0), att_lse.stride(1), num_kv_splits)
+    cfg1["num_stages"] = _stage1_num_stages(args1, grid1, cfg1)
+    return launch_with_config(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens,
+                              shape, num_kv_splits, sm_scale, att_out_flat, att_lse_flat,
+                              cfg1, cfg2, logit_cap)
 
 
 def chain_verify_attention_ref(
