@@ -38,7 +38,7 @@ def run_cli(argv, capsys):
 
 @pytest.mark.parametrize("decode, cycle, expected", [
     (12.0, 26.9, 0.446097),   # 12 / 26.9: the field report, nothing accepted
-    (5.014, 5.870, 0.854174),  # docs/benchmarks.md Llama-8B 1k bs1, our cycle
+    (5.014, 5.870, 0.854174),  # a Llama-8B-shape decode at 1k bs 1 and our cycle there
     (1.0, 1.001, 0.999001),   # a cycle 0.1% dearer than decode still loses
 ])
 def test_accept_length_one_loses_when_cycle_exceeds_decode(decode, cycle, expected):
@@ -195,7 +195,7 @@ def test_cli_break_even_unreachable_and_always_wins(capsys):
     _, out, _ = run_cli(["--decode-ms", "5", "--verify-ms", "20", "--num-steps", "2",
                          "--accept-length", "3"], capsys)
     assert "break-even     accept_length 4.000 > num_steps + 1 = 3: unreachable" in out
-    # docs/benchmarks.md Llama-8B 8k bs 1, ours: cycle 0.5615 + 5.2643 + 1.0506 = 6.8764 ms
+    # a Llama-8B-shape point at 8k bs 1, ours: cycle 0.5615 + 5.2643 + 1.0506 = 6.8764 ms
     _, out, _ = run_cli(["--decode-ms", "7.7727", "--verify-ms", "5.2643", "--num-steps", "2",
                          "--draft-ms", "0.5615", "--draft-extend-ms", "1.0506",
                          "--accept-length", "1"], capsys)

@@ -2,8 +2,8 @@
 baseline measured by two engines in one call.
 
 Failure mode guarded: every verify/decode ratio rests on one plain engine's medians, and one
-engine start can read slow at most points (measured: 8-34% at 11 of 18 points against two earlier
-calls with the same flags, e.g. 16k bs 1 1.617 ms against 1.233 and 1.237; ``docs/benchmarks.md``),
+engine start can read slow at most points (against two earlier
+calls with the same flags),
 which flatters every ratio of that call without any sign in its own output.
 """
 

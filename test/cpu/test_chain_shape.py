@@ -1,6 +1,6 @@
 """CPU tier: ChainVerifyShape's row tiling (``block_r`` / ``row_blocks``), the policy behind the
 kernel's grid. The kernel's time follows the padded query rows at large batch x context
-(docs/benchmarks.md 10.2), so the policy picks the row-block size that pads least."""
+(one program per row block), so the policy picks the row-block size that pads least."""
 
 import pytest
 
