@@ -1,22 +1,19 @@
-#!/usr/bin/env python3
 """Capture time and graph memory of the target's verify graphs, ours vs upstream, over repeated
 engine starts (target: capture time and graph memory no larger than upstream's).
 
-    python3 bench/capture.py [--repeats 3] [--modes ours,upstream] [--out capture_results.json]
-        [bench_verify.py engine flags: --model llama-8b --steps 2 --batch-sizes 1,8 --mem 0.8 --prefix-cache ...]
+    python -m bench capture [--repeats 3] [--modes ours,upstream] [--out capture_results.json]
+        [python -m bench verify engine flags: --model llama-8b --steps 2 --batch-sizes 1,8 --mem 0.8 --prefix-cache ...]
 
-One pair of engine starts cannot separate a 0.2 s capture difference from the run-to-run spread
-(two single starts of the same configuration: ours / upstream 0.79x vs 1.17x; ``docs/benchmarks.md``
-section 4). This runs each mode ``--repeats`` times, each in a fresh ``sglang.Engine``
-subprocess (``bench_verify.py --child MODE --capture-only``: start-up, capture, shut down, no
+One pair of engine starts cannot separate a small capture difference from the run-to-run
+spread of single starts. This runs each mode ``--repeats`` times, each in a fresh ``sglang.Engine``
+subprocess (``python -m bench verify ... --capture-only --child MODE``: start-up, capture, shut down, no
 generation), alternating the order per repeat (ours, upstream / upstream, ours, ...) so neither
 mode always starts on a cold page cache or after the other's teardown. Each engine's capture time
-(s) and memory (GiB = 2**30 bytes) come from its log line (``capture_log.target_capture``: the
+(s) and memory (GiB = 2**30 bytes) come from its log line (``bench.lib.capture_log.target_capture``: the
 whole runner construction, buffers + every bucket's warm-up and capture), with the free GPU memory
-SGLang logs once the target's graphs exist (the comparable figure where the drop reads negative,
-as on the Kimi shape, ``docs/benchmarks.md`` section 4). Prints one table
+SGLang logs once the target's graphs exist (the comparable figure where the drop reads negative). Prints one table
 (median, min, max per mode; ours / upstream of the medians and the per-repeat paired ratios) and
-writes ``--out`` (JSON). The engine flags are ``bench_verify.py``'s, so the buckets and pool match
+writes ``--out`` (JSON). The engine flags are ``python -m bench verify``'s, so the buckets and pool match
 the sweep being judged; one ``--steps`` value per run.
 
 Only runs that exited 0 and logged the capture line of their own mode count (an ``ours`` engine
@@ -40,11 +37,10 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-import bench_verify as bv  # noqa: E402
-from capture_log import MODE_KIND, free_after_diff, memory_ratio, target_capture  # noqa: E402
+from bench.lib import engine
+from bench.lib.capture_log import MODE_KIND, free_after_diff, memory_ratio, target_capture
+from bench.verify import child as verify_child
+from bench.verify import cli as verify_cli
 
 
 def run_order(modes: list, repeats: int) -> list:
@@ -133,8 +129,8 @@ def format_summary(summary: dict, meta: dict) -> str:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="Every other flag goes to each engine as bench/verify.py's (--model, --steps, "
+        prog="python -m bench capture", description=__doc__.split("\n\n")[0],
+        epilog="Every other flag goes to each engine as python -m bench verify's (--model, --steps, "
                "--contexts, --batch-sizes, --mem, --prefix-cache, --models-dir, ...; see its --help).")
     ap.add_argument("--repeats", type=int, default=3, help="engine starts per mode")
     ap.add_argument("--modes", default="ours,upstream", help="comma list of ours, upstream, plain")
@@ -150,9 +146,9 @@ def parse_args(argv=None):
     if a.repeats < 1:
         ap.error("--repeats needs an integer >= 1")
     a.engine_argv = rest
-    a.bench = bv.parse_args(rest)  # validates the engine flags (model, steps, ...)
+    a.bench = verify_cli.parse_args(rest)  # validates the engine flags (model, steps, ...)
     if a.bench.plain_twice:
-        ap.error("--plain-twice is a bench_verify.py decode-timing flag; bench_capture times captures only")
+        ap.error("--plain-twice is a python -m bench verify decode-timing flag; capture times captures only")
     if len(a.bench.steps_list) != 1:
         ap.error("--steps: one value per run (the capture of one draft length)")
     return a
@@ -164,17 +160,16 @@ def main(argv=None) -> int:
     cmds = []
     for r, mode in run_order(a.modes, a.repeats):
         jf = os.path.join(log_dir, f"capture_{r}_{mode}.json")
-        cmds.append((r, mode, [sys.executable, os.path.join(HERE, "bench_verify.py")] + a.engine_argv
-                     + ["--capture-only", "--child", mode, "--child-out", jf]))
+        cmds.append((r, mode, engine.child_command("verify", a.engine_argv, mode, jf, "--capture-only")))
     if a.dry_run:
         for r, mode, cmd in cmds:
             print(f"DRYRUN {r} {mode}: {shlex.join(cmd)}")
         return 0
     os.makedirs(log_dir, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    bv.model_paths(a.bench)  # make the models once, before the first engine
-    meta = {"model": a.bench.model, "steps": a.bench.steps, "hardware": bv._hardware(),
-            "versions": bv._versions(), "command": shlex.join([sys.executable] + sys.argv),
+    verify_child.model_paths(a.bench)  # make the models once, before the first engine
+    meta = {"model": a.bench.model, "steps": a.bench.steps, "hardware": engine.hardware(),
+            "versions": engine.versions(), "command": shlex.join([sys.executable] + sys.argv),
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "runs": []}
     child = {"p": None}
 
@@ -188,7 +183,7 @@ def main(argv=None) -> int:
 
     def on_term(signum, frame):
         if child["p"] is not None:
-            bv._kill_tree(child["p"])
+            engine.kill_tree(child["p"])
         meta["interrupted"] = f"signal {signum} after {len(meta['runs'])} of {len(cmds)} engines"
         sys.exit(finish(124))
 
@@ -196,7 +191,7 @@ def main(argv=None) -> int:
     for r, mode, cmd in cmds:
         log = os.path.join(log_dir, f"capture_{r}_{mode}.log")
         t0 = time.time()
-        rc = bv.run_logged(cmd, log, a.mode_timeout, child)
+        rc = engine.run_logged(cmd, log, a.mode_timeout, child)
         cap = target_capture(log)
         ok, status = judge(mode, rc, cap)
         run = {"repeat": r, "mode": mode, "capture": cap, "ok": ok, "status": status,

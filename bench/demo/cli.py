@@ -42,8 +42,9 @@ the table shows what one speculation cycle costs against a plain decode step, no
 import). Run time: three server starts plus about 10 s of requests per server (a few minutes
 with the default llama-8b; ``docs/gpu_testing.md``).
 
-Modules: ``demo_report`` (constants, step-time arithmetic, checks, the table), ``demo_server``
-(server start/stop with progress, requests), this one (arguments, command lines, ``main``).
+Modules: ``bench.demo.report`` (constants, step-time arithmetic, checks, the table),
+``bench.demo.measure`` (the requests), ``bench.lib.server`` (server start/stop with progress),
+this one (arguments, command lines, ``main``).
 """
 
 from __future__ import annotations
@@ -71,12 +72,8 @@ from bench.demo.report import (
     build_report,
     print_report,
 )
-from bench.lib.server import (
-    _free_port,
-    measure_server,
-    start_server,
-    stop_server,
-)
+from bench.demo.measure import measure_server
+from bench.lib.server import ServerStartError, free_port, start_server, stop_server
 
 # ----------------------------------------------------------------------------- arguments
 
@@ -257,12 +254,15 @@ def plan_lines(a: argparse.Namespace) -> List[str]:
 
 def run_mode(mode: str, a: argparse.Namespace, env: dict) -> tuple:
     """Start, measure and stop one server; returns ``(command, results)``."""
-    port = a.port or _free_port()
+    port = a.port or free_port()
     cmd = server_command(mode, a, port)
     log_path = os.path.join(a.workdir, f"server_{mode}.log")
     print(f"[{mode}] {DESCRIPTION[mode]}; log {log_path}", flush=True)
-    proc, startup_s = start_server(mode, cmd, env, f"http://127.0.0.1:{port}", log_path,
-                                   a.start_timeout)
+    try:
+        proc, startup_s = start_server(mode, cmd, env, f"http://127.0.0.1:{port}", log_path,
+                                       a.start_timeout, timeout_flag="--start-timeout")
+    except ServerStartError as ex:
+        raise DemoError(str(ex)) from None
     try:
         res = measure_server(mode, f"http://127.0.0.1:{port}", a, log_path)
     except DemoError as ex:

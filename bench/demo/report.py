@@ -8,6 +8,8 @@ import shlex
 import statistics
 from typing import Dict, Iterable, List, Optional
 
+from bench.lib.profile_log import lines_at_batch, profile_field
+
 
 RUN_ORDER = ("upstream", "ours", "plain")
 """Order the servers are started in (module docstring: why upstream first)."""
@@ -81,35 +83,25 @@ def median(values: Iterable[Optional[float]]) -> Optional[float]:
 
 def profile_at_batch(lines: Iterable[str], bs: int) -> Optional[dict]:
     """Medians of the ``verify_graph_profile`` lines whose window ran at batch size ``bs``
-    (``bs=`` is the window's mean batch size, so a window across two load levels is left out),
-    parsed by :func:`sglang_verify_graph.advisor.inputs.parse_profile_log`: ``verify_ms``,
+    (``bs=`` is the window's mean batch size, so a window across two load levels is left out;
+    ``bench.lib.profile_log``), parsed by
+    :func:`sglang_verify_graph.advisor.inputs.parse_profile_log`: ``verify_ms``,
     ``draft_ms``, ``draft_extend_ms``, ``other_ms`` (device ms per cycle, whole batch),
     ``cycle_ms`` (device ms; median of the lines' own field), ``accept_length``, ``lines``.
     ``None`` when no line ran at ``bs``."""
     from sglang_verify_graph.advisor.inputs import parse_profile_log
 
-    picked = [ln for ln in lines if _field(ln, "bs") is not None and float(_field(ln, "bs")) == bs]
+    picked = lines_at_batch(lines, bs)
     if not picked:
         return None
     summary = parse_profile_log(picked)
     steps = summary.main_steps()
     out = {k: summary.value(k, steps) for k in ("verify_ms", "draft_ms", "draft_extend_ms",
                                                  "other_ms", "accept_length")}
-    out["cycle_ms"] = median(float(_field(ln, "cycle_ms")) for ln in picked
-                             if _field(ln, "cycle_ms") is not None)
+    out["cycle_ms"] = median(float(profile_field(ln, "cycle_ms")) for ln in picked
+                             if profile_field(ln, "cycle_ms") is not None)
     out["lines"] = summary.lines
     return out
-
-
-def _field(line: str, key: str) -> Optional[str]:
-    """Value of ``key=value`` in a profile log line (after its tag), or ``None``."""
-    words = line.split()
-    if PROFILE_TAG not in words:
-        return None
-    for w in words[words.index(PROFILE_TAG) + 1:]:
-        if w.startswith(key + "="):
-            return w[len(key) + 1:]
-    return None
 
 
 # ----------------------------------------------------------------------------- checks

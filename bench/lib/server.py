@@ -1,36 +1,62 @@
-"""The demo's servers and requests: start the stock server with progress, stop it with its
-process tree, send ``/generate`` requests and read the counters (``demo.py`` drives it)."""
+"""The lab's server harness: start the stock ``python -m sglang.launch_server``, wait for it to
+be healthy (optionally with a progress line), stop it with its process tree, send ``/generate``
+and read the plugin's counters. The demo, the e2e tests and the GPU tests all use it.
+
+Always the stock ``python -m sglang.launch_server`` (the command users run; SGLang's
+``popen_launch_server`` starts the ``sglang serve`` console script instead, which a PYTHONPATH
+install such as the GPU machine's bundle does not have), polled on ``/health_generate``, and
+stopped with SGLang's ``kill_process_tree``.
+
+Shared-GPU mode (``scripts/gpu_job.sh`` with ``PARALLEL=1`` runs several test stages at once on
+one GPU): with ``VERIFY_GRAPH_SHARED_GPU_TOKENS=N`` every server from :func:`launch_server` gets
+:func:`shared_gpu_args` after its own flags, so its KV pool holds at most N tokens instead of a
+fraction of whatever memory is free when it starts (SGLang sizes the pool from the free memory
+it profiles at start-up; two servers profiling at the same moment would each count the other's
+memory as theirs, and the second would stop with "Not enough memory").
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
-import random
+import subprocess
 import sys
 import time
-from typing import List, Optional
 
-from bench.demo.report import (
-    _fmt,
-    DemoError,
-    PROFILE_TAG,
-    PROMPT_SEED,
-    SPECULATIVE,
-    decode_steps,
-    median,
-    profile_at_batch,
-    step_ms,
-)
+ACCEPT_PAIR_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
+                    "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
+                    "--skip-tokenizer-init", "--grammar-backend", "none", "--mem-fraction-static", "0.4",
+                    "--cuda-graph-max-bs-decode", "8", "--context-length", "4096", "--random-seed", "0"]
+"""The server flags of the accept-pair e2e tests (``bench.models.accept_pair``'s pairs): triton,
+greedy over token ids (no tokenizer, no radix cache), decode buckets up to 8 requests."""
+
+SHARED_GPU_ENV = "VERIFY_GRAPH_SHARED_GPU_TOKENS"
+SHARED_GPU_MEM_FRACTION = 0.95
+"""``--mem-fraction-static`` in shared-GPU mode: the budget check passes whatever the other
+servers hold (their pools are capped), and ``--max-total-tokens`` caps this one's."""
 
 
-# ----------------------------------------------------------------------------- servers
+def shared_gpu_args() -> list[str]:
+    """``["--mem-fraction-static", "0.95", "--max-total-tokens", N]`` when
+    ``VERIFY_GRAPH_SHARED_GPU_TOKENS=N`` (tokens per server KV pool) is set, else ``[]``.
+    Raises ValueError when N is not a positive integer."""
+    raw = os.environ.get(SHARED_GPU_ENV, "").strip()
+    if not raw:
+        return []
+    n = int(raw)
+    if n <= 0:
+        raise ValueError(f"{SHARED_GPU_ENV}={raw!r}: want a positive token count")
+    return ["--mem-fraction-static", str(SHARED_GPU_MEM_FRACTION), "--max-total-tokens", str(n)]
 
-def _free_port() -> int:
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def shared_gpu_kwargs() -> dict:
+    """:func:`shared_gpu_args` as ``sglang.Engine`` keyword arguments (``{}`` when unset)."""
+    a = shared_gpu_args()
+    return {"mem_fraction_static": float(a[1]), "max_total_tokens": int(a[3])} if a else {}
+
+
+class ServerStartError(RuntimeError):
+    """A server that exited or was not healthy in time while starting; the message is one line
+    naming the exit code or the timeout and the log."""
 
 
 _NOISE = ("warnings.warn(", "UserWarning", "FutureWarning", "DeprecationWarning")
@@ -86,62 +112,170 @@ class Progress:
         self.stream.flush()
 
 
-def start_server(label: str, cmd: List[str], env: dict, base_url: str, log_path: str,
-                 timeout_s: float):
-    """Start one server with stdout+stderr to ``log_path``; returns ``(Popen, seconds to
-    healthy)``. Polls ``/health_generate`` each second while showing progress. Raises
-    :class:`DemoError` (one line with the log path) if it exits or is not healthy within
-    ``timeout_s`` seconds (then it is stopped first)."""
-    import subprocess
-
+def wait_healthy(proc, base_url: str, timeout_s: float, label: str = "", log_path: str | None = None,
+                 poll_s: float = 2.0, progress: Progress | None = None, timeout_flag: str = "") -> float:
+    """Poll ``base_url/health_generate`` every ``poll_s`` s until it answers 200; returns the
+    seconds it took. ``progress`` (a :class:`Progress`) shows the wait; ``timeout_flag`` names the
+    flag that set ``timeout_s`` in the timeout message. Raises
+    :class:`ServerStartError` when ``proc`` exits first or after ``timeout_s`` s (the caller stops
+    the server)."""
     import requests
 
+    name = f"the {label} server" if label else "server"
+    t0 = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - t0
+        rc = proc.poll()
+        if rc is not None:
+            if progress:
+                progress.done(f"  {label}: exited")
+            last = f" (last log line: {last_log_line(log_path)[:200]!r})" if log_path else ""
+            raise ServerStartError(f"{name} exited with {rc} while starting{last}; log: {log_path}")
+        if elapsed > timeout_s:
+            if progress:
+                progress.done(f"  {label}: not ready")
+            flag = f" ({timeout_flag})" if timeout_flag else ""
+            raise ServerStartError(f"{name} was not healthy after {timeout_s:.0f} s{flag}; log: {log_path}")
+        try:
+            if requests.get(f"{base_url}/health_generate", timeout=5).status_code == 200:
+                if progress:
+                    progress.done(f"  {label}: ready in {elapsed:.0f} s")
+                return round(elapsed, 1)
+        except requests.RequestException:
+            pass
+        if progress:
+            progress.update(elapsed)
+        time.sleep(poll_s)
+
+
+def start_server(label: str, cmd: list[str], env: dict, base_url: str, log_path: str,
+                 timeout_s: float, poll_s: float = 1.0, timeout_flag: str = ""):
+    """Start one server from its full ``cmd`` with stdout+stderr to ``log_path`` and a progress
+    line while it starts; returns ``(Popen, seconds to healthy)``. Raises
+    :class:`ServerStartError` (one line with the log path) if it exits or is not healthy within
+    ``timeout_s`` seconds (then it is stopped first; ``timeout_flag``: as for :func:`wait_healthy`)."""
     log = open(log_path, "w")
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
         log.close()  # the child holds its own descriptor
-    progress = Progress(label, log_path)
-    t0 = time.monotonic()
     try:
-        while True:
-            elapsed = time.monotonic() - t0
-            rc = proc.poll()
-            if rc is not None:
-                progress.done(f"  {label}: exited")
-                raise DemoError(f"the {label} server exited with code {rc} while starting "
-                                f"(last log line: {last_log_line(log_path)[:200]!r}); "
-                                f"log: {log_path}")
-            if elapsed > timeout_s:
-                progress.done(f"  {label}: not ready")
-                raise DemoError(f"the {label} server was not healthy after {timeout_s:.0f} s "
-                                f"(--start-timeout); log: {log_path}")
-            try:
-                if requests.get(f"{base_url}/health_generate", timeout=5).status_code == 200:
-                    progress.done(f"  {label}: ready in {elapsed:.0f} s")
-                    return proc, round(elapsed, 1)
-            except requests.RequestException:
-                pass
-            progress.update(elapsed)
-            time.sleep(1.0)
+        return proc, wait_healthy(proc, base_url, timeout_s, label, log_path, poll_s, Progress(label, log_path),
+                                  timeout_flag)
     except BaseException:
         stop_server(proc)
         raise
 
 
-def stop_server(proc) -> None:
-    """Stop a server and every process it started (SGLang's ``kill_process_tree``), and wait
-    for them, so the GPU memory is free for the next one."""
-    import subprocess
+def launch_server(model: str, base_url: str, args: list[str], env: dict | None = None,
+                  log_path: str | None = None, timeout: float = 600):
+    """Start the stock server for ``model`` with ``args``; returns the Popen. Raises
+    :class:`ServerStartError` (a RuntimeError) if it exits or is not healthy in time.
 
+    ``VERIFY_GRAPH_SERVER_WRAPPER`` (env of the test process), e.g. ``"compute-sanitizer --tool
+    memcheck --target-processes all"``, is put in front of the command; ``VERIFY_GRAPH_SERVER_TIMEOUT``
+    (s) then overrides ``timeout``. :func:`shared_gpu_args` go last (argparse: the last value
+    wins)."""
+    import shlex
+
+    out = open(log_path, "w") if log_path else None
+    host, port = base_url.rsplit(":", 1)
+    wrapper = shlex.split(os.environ.get("VERIFY_GRAPH_SERVER_WRAPPER", ""))
+    if wrapper:
+        timeout = float(os.environ.get("VERIFY_GRAPH_SERVER_TIMEOUT", timeout))
+    cmd = [*wrapper, sys.executable, "-m", "sglang.launch_server", "--model-path", model,
+           "--host", host.split("//")[-1], "--port", port, *args, *shared_gpu_args()]
+    proc = subprocess.Popen(cmd, env=env or dict(os.environ), stdout=out or subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    proc.verify_graph_wrapped = bool(wrapper)  # stop_server: let the wrapper exit by itself
+    try:
+        wait_healthy(proc, base_url, timeout, log_path=log_path)
+    except ServerStartError:
+        if proc.poll() is None:
+            stop_server(proc)
+        raise
+    return proc
+
+
+STOP_GRACE_ENV = "VERIFY_GRAPH_SERVER_STOP_GRACE_S"
+
+
+def _server_under_wrapper(wrapper, tree):
+    """The ``sglang.launch_server`` process under ``wrapper`` (a ``psutil.Process``; ``tree``:
+    its descendants): the one whose command line names it and under which no other does (a
+    launcher that compute-sanitizer may put in between carries the same words in its arguments;
+    the server's own spawned schedulers do not), else the wrapper's first direct child, else None."""
+    import psutil
+
+    def names_server(p):
+        try:
+            return "sglang.launch_server" in " ".join(p.cmdline())
+        except psutil.Error:
+            return False
+
+    matches = [p for p in tree if names_server(p)]
+    for m in matches:
+        try:
+            below = {d.pid for d in m.children(recursive=True)}
+        except psutil.Error:
+            continue
+        if not any(o.pid in below for o in matches):
+            return m
+    direct = wrapper.children()
+    return direct[0] if direct else None
+
+
+def stop_server(proc) -> None:
+    """Stop a server from :func:`launch_server` and everything it started.
+
+    Started under ``VERIFY_GRAPH_SERVER_WRAPPER`` (compute-sanitizer), the server process under the
+    wrapper first gets SIGTERM, SGLang's graceful stop (``tokenizer_manager.sigterm_watchdog``: a
+    ``ShutdownReq`` lets the schedulers exit in user space), and the wrapper gets up to
+    ``VERIFY_GRAPH_SERVER_STOP_GRACE_S`` seconds (default 120) to exit by itself: compute-sanitizer
+    writes its ``ERROR SUMMARY`` only when its targets have exited, and a SIGKILLed frontend leaves
+    a report with no summary. If the server has already exited, the wrapper is only
+    waited for. Then every process of the tree still alive (listed before the signal, so that none
+    is lost when the wrapper is reaped) is killed, and the wrapper with SGLang's
+    ``kill_process_tree``; unwrapped servers get that at once. Then the tree is waited for (up
+    to 60 s, and the server process 30 s more), so its GPU memory is free for the next one."""
+    if not getattr(proc, "verify_graph_wrapped", False) or proc.poll() is not None:
+        _kill_and_wait(proc)
+        return
+    import signal
+
+    import psutil
+
+    try:
+        wrapper = psutil.Process(proc.pid)
+        tree = wrapper.children(recursive=True)
+        server = _server_under_wrapper(wrapper, tree)
+        if server is not None:
+            print(f"stop_server: SIGTERM to pid {server.pid} ({' '.join(server.cmdline()[:3])} ...) "
+                  f"under wrapper pid {proc.pid}", flush=True)
+            server.send_signal(signal.SIGTERM)
+    except psutil.Error:
+        tree = []
+    try:
+        proc.wait(timeout=float(os.environ.get(STOP_GRACE_ENV, "120")))
+    except subprocess.TimeoutExpired:
+        pass
+    for p in tree:  # survivors of the graceful stop (the wrapper's own tree is gone once reaped)
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    _kill_and_wait(proc)
+
+
+def _kill_and_wait(proc) -> None:
+    """SGLang's ``kill_process_tree`` on ``proc`` with a wait of up to 60 s (on failure, the
+    direct child is killed), then ``proc`` reaped (up to 30 s)."""
     try:
         from sglang_verify_graph.compat import sglang_adapter
 
         sglang_adapter.kill_process_tree(proc.pid, wait_timeout=60)
     except Exception as ex:  # fall back to the direct child at least
-        print(f"  warning: kill_process_tree({proc.pid}) failed ({ex!r}); killing pid {proc.pid}",
-              flush=True)
+        print(f"stop_server: kill_process_tree({proc.pid}) failed ({ex!r}); killing pid {proc.pid}", flush=True)
         proc.kill()
     try:
         proc.wait(timeout=30)
@@ -149,93 +283,35 @@ def stop_server(proc) -> None:
         pass
 
 
-# ----------------------------------------------------------------------------- requests
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
 
-def prompts(context: int, count: int, vocab: int, seed: int = PROMPT_SEED) -> List[List[int]]:
-    """``count`` prompts of ``context`` random token ids in ``[10, vocab - 1)`` (the same ones on
-    every server)."""
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab - 1) for _ in range(context)] for _ in range(count)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def _generate(base_url: str, ids: List[int], new_tokens: int, timeout_s: float) -> tuple:
-    """``(wall seconds, answer JSON)`` of one greedy ``/generate`` request."""
+def generate(base_url: str, body: dict, timeout: float = 300) -> dict:
+    """POST ``body`` to ``/generate``; returns the JSON answer. Raises AssertionError on non-200."""
     import requests
 
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens,
-                                                  "temperature": 0.0, "ignore_eos": True}}
-    t = time.perf_counter()
-    r = requests.post(f"{base_url}/generate", json=body, timeout=timeout_s)
-    wall = time.perf_counter() - t
-    if r.status_code != 200:
-        raise DemoError(f"/generate answered HTTP {r.status_code}: {r.text[:200]!r}")
-    return wall, r.json()
+    r = requests.post(f"{base_url}/generate", json=body, timeout=timeout)
+    assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:500]}"
+    return r.json()
 
 
-def _concurrent(base_url: str, batch: List[List[int]], new_tokens: int, timeout_s: float) -> tuple:
-    """``(wall seconds from the first send to the last answer, answers)`` of one request per
-    prompt, all in flight at once."""
-    from concurrent.futures import ThreadPoolExecutor
+def plugin_state(base_url: str, rank: int = 0):
+    """``/get_server_info`` ``internal_states[rank]["verify_cuda_graph"]`` (None without the flag)."""
+    import requests
 
-    t = time.perf_counter()
-    with ThreadPoolExecutor(len(batch)) as pool:
-        answers = [w_out[1] for w_out in pool.map(
-            lambda ids: _generate(base_url, ids, new_tokens, timeout_s), batch)]
-    return time.perf_counter() - t, answers
+    st = requests.get(f"{base_url}/get_server_info", timeout=30).json()["internal_states"]
+    return st[rank].get("verify_cuda_graph")
 
 
-def verify_graph_states(base_url: str) -> List[Optional[dict]]:
+def verify_graph_states(base_url: str) -> list:
     """``internal_states[i]["verify_cuda_graph"]`` of every rank (``None`` entries without it)."""
     import requests
 
     info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
     return [st.get("verify_cuda_graph") for st in info.get("internal_states") or []]
-
-
-def measure_server(mode: str, base_url: str, a: argparse.Namespace, log_path: str) -> dict:
-    """Requests against one running server (module docstring, step 3) and its numbers: times in
-    seconds (``*_s``) and milliseconds (``*_ms``), throughput in output tokens per second."""
-    c1_prompt, *batch = prompts(a.context, 1 + a.concurrency, a.vocab_size)
-    t_out = a.request_timeout
-    _generate(base_url, c1_prompt, a.new_tokens, t_out)  # warm-up: prefix cached, graphs warm
-    rounds = []
-    for _ in range(a.repeats):
-        t1, _ = _generate(base_url, c1_prompt, 1, t_out)
-        tn, ans = _generate(base_url, c1_prompt, a.new_tokens, t_out)
-        meta = ans.get("meta_info", {})
-        done = int(meta.get("completion_tokens") or len(ans.get("output_ids") or []))
-        steps = decode_steps(mode, meta, done)
-        rounds.append({"t1_s": round(t1, 4), "tn_s": round(tn, 4), "steps": steps,
-                       "completion_tokens": done, "step_ms": step_ms(t1, tn, steps),
-                       "tok_s": done / tn if tn > 0 else None,
-                       "accept_length": meta.get("spec_accept_length"),
-                       "output_ids": ans.get("output_ids")})
-    print(f"  {mode}: c=1 step ms {_fmt([r['step_ms'] for r in rounds])}", flush=True)
-    _concurrent(base_url, batch, 4, t_out)  # warm-up: prefixes cached
-    rounds_n = []
-    for _ in range(a.repeats):
-        wall, answers = _concurrent(base_url, batch, a.new_tokens, t_out)
-        done = sum(int(x.get("meta_info", {}).get("completion_tokens") or 0) for x in answers)
-        rounds_n.append({"wall_s": round(wall, 4), "completion_tokens": done,
-                         "tok_s": done / wall if wall > 0 else None})
-    print(f"  {mode}: c={a.concurrency} tok/s {_fmt([r['tok_s'] for r in rounds_n], 1)}",
-          flush=True)
-    out = {"step_ms_c1": median(r["step_ms"] for r in rounds),
-           "tok_s_c1": median(r["tok_s"] for r in rounds),
-           "tok_s_cN": median(r["tok_s"] for r in rounds_n),
-           "accept_length": median(r["accept_length"] for r in rounds),
-           "output_ids_c1": rounds[0]["output_ids"],
-           "rounds_c1": [{k: v for k, v in r.items() if k != "output_ids"} for r in rounds],
-           "rounds_cN": rounds_n,
-           "verify_cuda_graph": verify_graph_states(base_url)}
-    same = all(r["output_ids"] == rounds[0]["output_ids"] for r in rounds)
-    out["c1_outputs_repeatable"] = same
-    if mode in SPECULATIVE:
-        time.sleep(1.0)  # let the last profile line reach the log
-        with open(log_path, errors="replace") as f:
-            lines = [ln for ln in f if PROFILE_TAG in ln]
-        out["profile_c1"] = profile_at_batch(lines, 1)
-        out["profile_cN"] = profile_at_batch(lines, a.concurrency)
-        out["profile_lines"] = len(lines)
-        out["verify_ms_c1"] = (out["profile_c1"] or {}).get("verify_ms")
-    return out

@@ -8,6 +8,12 @@ taken with ``time.perf_counter``. Keys: ``class|worker|forward mode|raw bs|padde
 are drained (and reset) into ``Scheduler.get_internal_state()["bench_probe"]``, i.e. fetched with
 ``Engine.get_server_info()["internal_states"][0]["bench_probe"]`` = {key: {"gpu_ms": [...],
 "host_ms": [...]}} (ms per replay). ``summarize_probe`` groups them into roles.
+
+``run_scheduler_process`` is what a probed engine (``bench.lib.engine.start_engine``) starts as
+its scheduler process instead of SGLang's (``Engine.run_scheduler_process_func``): spawn pickles
+it by name, so the scheduler imports this module as ``bench.lib.verify_probe`` (the repository
+root on its ``sys.path``, which spawn copies from the engine's process), installs the probe, then
+runs SGLang's own function with the same arguments.
 """
 from __future__ import annotations
 
@@ -108,6 +114,18 @@ def install_probe():
 
     Scheduler.get_internal_state = get_internal_state
     print(f"PROBE installed in pid {os.getpid()}: {wrapped}", file=sys.stderr, flush=True)
+
+
+def run_scheduler_process(*args, **kwargs):
+    """The scheduler process of a probed engine: :func:`install_probe` (a failure is printed and
+    the engine runs without it), then SGLang's ``run_scheduler_process(*args, **kwargs)``."""
+    try:
+        install_probe()
+    except Exception as ex:  # keep the engine running without the probe
+        print(f"PROBE install failed: {ex!r}", file=sys.stderr, flush=True)
+    from sglang.srt.managers.scheduler import run_scheduler_process as run
+
+    return run(*args, **kwargs)
 
 
 ROLES = {"target_decode": ("target", "DECODE"), "target_verify": ("target", "TARGET_VERIFY"),

@@ -1,6 +1,6 @@
 """Write config-only model folders for SGLang's ``--load-format dummy`` (random weights, no hub).
 
-    python -m bench.models.dummy_models OUT_DIR [--only llama-small,llama-8b,kimi-small]
+    python -m bench models dummy OUT_DIR [--only llama-small,llama-8b,kimi-small]
 
 Writes, under OUT_DIR, a target and its EAGLE-3 draft per model family:
 
@@ -310,7 +310,7 @@ def describe(name: str, cfg: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.models.dummy_models",
+    ap = argparse.ArgumentParser(prog="python -m bench models dummy",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="output folder (created)")
     ap.add_argument("--only", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))

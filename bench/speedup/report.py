@@ -1,7 +1,7 @@
-"""Rows, advisor check and tables of ``bench/speedup.py`` (pure Python: no torch, no sglang).
+"""Rows, advisor check and tables of ``python -m bench speedup`` (pure Python: no torch, no sglang).
 
 Input: the ``modes`` of one run, ``{mode: {"phases": [phase, ...], ...}}`` with ``mode`` one of
-``plain``, ``upstream``, ``ours``. A phase is one measured point (``bench_speedup.run_child``):
+``plain``, ``upstream``, ``ours``. A phase is one measured point (``bench.speedup.run.run_child``):
 
 * ``context``, ``bs``, ``cls`` (agreement class of the pair), ``agree``, ``target_accept_length``;
 * ``t1_s`` / ``tn_s``: wall seconds of a 1-token and of the ``new_tokens``-token generation of
@@ -10,7 +10,7 @@ Input: the ``modes`` of one run, ``{mode: {"phases": [phase, ...], ...}}`` with 
   ``spec_accept_length`` (SGLang's completion tokens / verify steps per request);
 * ``roles``: the probe's GPU ms per graph replay (median) per role, ``target_decode``,
   ``target_verify``, ``draft_decode`` (the cycle's draft steps, one replay), ``draft_extend``
-  (``verify_probe.summarize_probe``).
+  (``bench.lib.verify_probe.summarize_probe``).
 
 Throughput (tokens/s): ``server`` counts every request of the batch, ``request`` one request
 (the requests of a batch end in the same token and finish together). ``decode`` figures leave
@@ -26,7 +26,7 @@ replay, the mode's draft / verify / draft-extend replays and the measured decode
 step or cycle over its GPU ms) of plain and of the mode give the gap,
 ``predicted / measured = mode wall_per_gpu / plain wall_per_gpu``.
 
-Profile-log check (``bench_speedup.py --profile-every N``): the speculative engines also log the
+Profile-log check (``python -m bench speedup --profile-every N``): the speculative engines also log the
 per-phase profile, and the advisor is run as a user runs it, ``--from-log`` on each point's lines
 (:func:`profile_segments`) with ``--decode-ms`` = the plain engine's decode GPU ms: its phase
 times, ``other_ms`` and accept length are then the log's (``gap_from_log_pct``).
@@ -37,6 +37,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
+
+from bench.lib.profile_log import at_batch, profile_fields
 
 SPEC_MODES = ("upstream", "ours")
 
@@ -179,7 +181,7 @@ def advisor_rows(rows: list, num_steps: int) -> list:
 
 
 POINT_MARK = "BENCH point "
-"""The line a ``bench_speedup`` child prints before each point's warm-up: ``BENCH point`` + JSON
+"""The line a ``python -m bench speedup`` child prints before each point's warm-up: ``BENCH point`` + JSON
 ``{"context", "bs", "cls"}``."""
 
 
@@ -187,9 +189,8 @@ def profile_segments(log_path: str) -> dict:
     """``{(context, bs, cls): [line, ...]}``: the ``verify_graph_profile`` lines of a child's log
     between one point's ``BENCH point`` line and the next one's (the profile drains its events
     a few cycles late, so a window can hold the previous point's last cycles: lines whose ``bs=``
-    is not the point's are dropped). ``{}`` for a log that cannot be read."""
-    from sglang_verify_graph.advisor.inputs import LOG_TAG
-
+    is not the point's are dropped, ``bench.lib.profile_log.at_batch``). ``{}`` for a log that
+    cannot be read."""
     out, key = {}, None
     try:
         lines = open(log_path, errors="replace").read().splitlines()
@@ -200,7 +201,7 @@ def profile_segments(log_path: str) -> dict:
             p = json.loads(ln[len(POINT_MARK):])
             key = (p["context"], p["bs"], p["cls"])
             out[key] = []
-        elif key is not None and LOG_TAG in ln.split() and f" bs={key[1]} " in f" {ln} ":
+        elif key is not None and at_batch(profile_fields(ln), key[1]):
             out[key].append(ln)
     return out
 
