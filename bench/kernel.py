@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Attention-op benchmark of one verify layer on the GPU: our chain kernel vs what SGLang 0.5.16's
 triton backend runs for the same step, each replayed from a CUDA graph (median of
-``triton.testing.do_bench_cudagraph``, ms per call = one layer).
+``bench.lib.timing.graph_ms``, ms per call = one layer).
 
 Columns (same KV pool, page table and q in every column):
   decode   : ``decode_attention_fwd`` for 1 token/request (what a plain decode step runs)
@@ -14,9 +13,9 @@ It also checks ours against upstream's output (relative error, bf16).
 Shapes: Llama-3.1-8B at TP 1 (32 q heads, 8 KV heads, 128) and one Kimi-K2.5 TP-8 shard in
 absorbed MLA (8 q heads, 1 latent head, Dk 576 = 512 + rope 64, Dv 512).
 
-  python3 bench/kernel.py [--contexts 1024 8192] [--bs 1 8] [--ndt 3] [--out f.json]
+  python -m bench kernel [--contexts 1024 8192] [--bs 1 8] [--ndt 3] [--out f.json]
       [--block-rows 16 32]   # also time ours with BLOCK_R forced (the row-block A/B; same inputs)
-  python3 bench/kernel.py --tune --shapes kimi_tp8_mla --contexts 1024 4096 16384 \
+  python -m bench kernel --tune --shapes kimi_tp8_mla --contexts 1024 4096 16384 \
       --bs 1 4 8 16 32 --ndt 3 4 --out tune.json
       # launch-setting search for ours: every candidate of TUNE_GRID at the --focus points, then the
       # best --top of them and the policy at every point; same inputs, outputs checked against the
@@ -32,7 +31,9 @@ import math
 import torch
 import triton
 
-from sglang_verify_graph.kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
+from bench.lib.timing import graph_ms
+from sglang_verify_graph.kernel import (ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits,
+                                        launch_config, launch_with_config, workspace_numel)
 from sglang_verify_graph.kernel.chain_verify_attention import BLOCK_R_CHOICES
 
 SHAPES = {
@@ -42,7 +43,8 @@ SHAPES = {
 
 
 def bench(fn, rep: int = 100) -> float:
-    return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+    """Median GPU ms per call of ``fn`` replayed from a CUDA graph (``rep`` timed replays)."""
+    return graph_ms(fn, replays=rep)
 
 
 def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
@@ -114,17 +116,24 @@ def run_point(name, s, ctx, bs, ndt, block_rows=(), device="cuda"):
 
 # The tuning search: KV-split policy (programs per SM, split cap) x stage-1 launch settings.
 TUNE_GRID = dict(pps=(2, 4, 8), max_splits=(256,), BLOCK_N=(16, 32, 64), num_warps=(4, 8),
-                 num_stages=(1, 2), V_FROM_K=(False, True))
+                 num_stages=(1, 2))
 POLICY = {}  # the kernel's own choices (empty: no override)
 
 
-def tune_candidates(v_from_k_ok: bool) -> list[dict]:
-    keys = list(TUNE_GRID)
+def tune_candidates() -> list[dict]:
+    """Every combination of :data:`TUNE_GRID` (one dict per candidate)."""
     out = [dict()]
-    for k in keys:
-        vals = TUNE_GRID[k] if (k != "V_FROM_K" or v_from_k_ok) else (False,)
+    for k, vals in TUNE_GRID.items():
         out = [dict(c, **{k: v}) for c in out for v in vals]
     return out
+
+
+def tune_splits(shape, bs: int, num_sms: int, programs_per_sm: int, max_splits: int) -> int:
+    """KV splits of a tuning candidate: enough (bs x KV heads x row blocks) programs per split
+    for ``programs_per_sm`` programs on each of ``num_sms`` SMs, rounded up to a power of two,
+    at most ``max_splits``."""
+    base = max(1, bs * shape.num_kv_heads * shape.row_blocks)
+    return max(1, min(max_splits, triton.next_power_of_2(max(1, math.ceil(programs_per_sm * num_sms / base)))))
 
 
 def cfg_name(c: dict) -> str:
@@ -158,17 +167,21 @@ def time_config(s, inputs, ndt, cfg, sms, device="cuda", rep=100):
     shape = ChainVerifyShape(h, s["kvh"], s["dk"], dv, ndt, s["rope"])
     cfg = dict(cfg)
     pps, cap = cfg.pop("pps", None), cfg.pop("max_splits", None)
-    kw = {}
     if pps:
-        kw["programs_per_sm"] = pps
-    if cap:
-        kw["max_splits"] = cap
-    ns = choose_num_kv_splits(shape, bs, sms, **kw)
+        ns = tune_splits(shape, bs, sms, pps, cap or 256)
+    else:
+        ns = choose_num_kv_splits(shape, bs, sms)
     n_out, n_lse = workspace_numel(shape, bs, ns)
     ao, al = torch.empty(n_out, device=device), torch.empty(n_lse, device=device)
     o = torch.empty(bs * ndt, h, dv, device=device, dtype=torch.bfloat16)
-    f = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, seq, shape, ns, s["dk"] ** -0.5,
-                                           ao, al, stage1_overrides=cfg or None)
+    if cfg or pps:  # a candidate: the bench's own launch settings over the kernel's defaults
+        cfg1, cfg2 = launch_config(shape)
+        cfg1.update(cfg)
+        f = lambda: launch_with_config(q, k_buf, v_buf, o, r2t, rpi, seq, shape, ns, s["dk"] ** -0.5,  # noqa: E731
+                                       ao, al, cfg1, cfg2)
+    else:
+        f = lambda: chain_verify_attention_fwd(q, k_buf, v_buf, o, r2t, rpi, seq, shape, ns,  # noqa: E731
+                                               s["dk"] ** -0.5, ao, al)
     try:
         f()
         torch.cuda.synchronize()
@@ -207,7 +220,7 @@ def run_tune(a):
     rec = {"grid": {k: list(v) for k, v in TUNE_GRID.items()}, "focus": focus, "phase_a": [], "phase_b": []}
     for name in a.shapes:
         s = SHAPES[name]
-        cands = tune_candidates(v_from_k_ok=bool(s["rope"]))
+        cands = tune_candidates()
         scores = {cfg_name(c): [] for c in cands}
         for ctx, bs, ndt in focus:
             inp = make_inputs(s, ctx, bs, ndt)
@@ -268,8 +281,8 @@ def print_tune(rec):
                   + f"  {best / r['decode_ms']:7.3f}")
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench kernel", description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--ndt", type=int, nargs="+", default=[3])
@@ -282,23 +295,23 @@ def main():
     ap.add_argument("--focus", nargs="+", default=["16384:16:4", "16384:8:3", "16384:1:3", "1024:16:4"],
                     help="ctx:bs:ndt points where --tune tries every candidate")
     ap.add_argument("--top", type=int, default=3, help="--tune: candidates carried to every point")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     bad = [b for b in a.block_rows if b not in BLOCK_R_CHOICES]
     if bad:
         ap.error(f"--block-rows {bad}: the kernel takes {BLOCK_R_CHOICES}")
     if a.tune and a.dry_run:
         for name in a.shapes:
-            n = len(tune_candidates(bool(SHAPES[name]["rope"])))
+            n = len(tune_candidates())
             print(f"KERNEL dry-run tune {name}: {n} candidates x focus {a.focus}; top {a.top} + policy at "
                   f"contexts={a.contexts} bs={a.bs} ndt={a.ndt}")
-        return
+        return 0
     if a.tune:
         rec = run_tune(a)
         rec["device"] = torch.cuda.get_device_name(0)
         print_tune(rec)
         if a.out:
             json.dump(rec, open(a.out, "w"), indent=1)
-        return
+        return 0
     if a.dry_run:
         for name in a.shapes:
             for ndt in a.ndt:
@@ -306,7 +319,7 @@ def main():
                 pol = ChainVerifyShape(s["h"], s["kvh"], s["dk"], s["dv"], ndt, s["rope"]).block_r
                 print(f"KERNEL dry-run {name} ndt={ndt} policy block_r={pol} contexts={a.contexts} "
                       f"bs={a.bs} forced={a.block_rows}")
-        return
+        return 0
     rows = []
     for name in a.shapes:
         for ctx in a.contexts:
@@ -333,7 +346,8 @@ def main():
                   + " ".join(f"{r[f'ours_r{b}_ms']:8.4f} {r[f'ours_r{b}_ms'] / r['ours_ms']:8.3f}" for b in a.block_rows))
     if a.out:
         json.dump({"device": dev, "rows": rows}, open(a.out, "w"), indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
