@@ -1,32 +1,34 @@
 #!/bin/bash
-# The GPU-machine job: set up the environment, then run the named test suites with test/run_suite.py.
+# The GPU-machine job: set up the environment, then run the named test suites (python3 -m bench.suites).
 # From the repo root on the H200, with the bundle carried and $OUT set:
 #   run(command="bash scripts/gpu_job.sh", carry=[".device-bundle"], timeout_s=600)
 #   SUITE="e2e" bash scripts/gpu_job.sh                  # one suite; BENCH_ARGS="--contexts 1024" etc.
-#   python3 test/run_suite.py --list                     # the suites: purpose, estimated time, stages
+#   python3 -m bench.suites --list                       # the suites: purpose, estimated time, stages
 # Setup: untar .device-bundle/site_*.tar.xz into /tmp/site (SGLang 0.5.16 + pinned deps, ~5 s),
 # restore .device-bundle/jitcache.tar.xz (kernel caches of the previous call) if present, install
 # this project so its sglang.srt.plugins entry point is visible (pip -e offline; fallback: a
-# minimal .dist-info in /tmp/site + python/ and sgl-kernel/ on PYTHONPATH), write the dummy models
-# (python3 -m bench.models.dummy_models /tmp/models), print versions + nvidia-smi. Then
-# `python3 test/run_suite.py $SUITE` runs the stages (each in its own process group with its own
+# minimal .dist-info in /tmp/site + python/ on PYTHONPATH), put the repo root on PYTHONPATH (the
+# lab package bench, in every stage and its servers' children), write the dummy models
+# (python3 -m bench models dummy /tmp/models), print versions + nvidia-smi. Then
+# `python3 -m bench.suites $SUITE` runs the stages (each in its own process group with its own
 # limit; budget TOTAL_S - RESERVE_S; PARALLEL=1; the sanitizer verdict; the summary lines and the
-# result files in $OUT: see its docstring). Last, this script packs the kernel caches and logs.
+# result files in $OUT: see bench/suites/runner.py). Last, this script packs the kernel caches and logs.
 # Setup takes 5-15 s with a warm kernel cache (a cold one adds ~60 s to the first SGLang start);
 # packing 15-30 s. A plan with stage shard_jit (suites shard_triton, shard) starts the background
-# build of the Marlin MoE JIT modules right after the environment setup (test/run_suite.py
-# --jit-build start, in its own session: it outlives this job on a warm machine; markers in
-# $BASE/jitbuild, the modules in $TVM_FFI_CACHE_DIR), before the plugin install and the models.
+# build of the Marlin MoE JIT modules right after the environment setup (scripts/build_marlin_jit.py
+# start, in its own session: it outlives this job on a warm machine; markers in $BASE/jitbuild,
+# the modules in $TVM_FFI_CACHE_DIR), before the plugin install and the models.
 # Env (all optional):
 #   SUITE        suite or stage names (default "kernel selftest e2e", ~8 min: the default budget may
-#                skip the last stage on a cold cache); "all" = every suite but capture (~80 min: raise
-#                TOTAL_S); STAGES is read when SUITE is unset
+#                skip the last stage on a cold cache); "all" = every suite but capture, parts and the
+#                shard (~100 min: raise TOTAL_S); STAGES is read when SUITE is unset
 #   TOTAL_S      whole-job budget in s (default 550, one 10-minute call; a suite may declare more);
 #                RESERVE_S kept for packing (default 40)
 #   <STAGE>_TMO  per-stage limits (KERNEL_TMO, SELFTEST_TMO, NAN_TMO, E2E_TMO, BENCH_TMO, ...: the
-#                table of `python3 test/run_suite.py --list`); PARALLEL, PARALLEL_TMO, SHARED_GPU_TOKENS
-#   BENCH_ARGS   bench_verify.py args (default --quick; "" for its full default), KBENCH_ARGS,
-#                CAPTURE_ARGS, SPEEDUP_ARGS (bench_speedup.py: default its full grid; the stage builds
+#                table of `python3 -m bench.suites --list`); PARALLEL, PARALLEL_TMO, SHARED_GPU_TOKENS
+#   BENCH_ARGS   `python3 -m bench verify` args (default --quick; "" for its full default; the shard
+#                sweeps of docs/gpu_testing.md set it), BENCH_MODE_TMO, KBENCH_ARGS, PARTS_ARGS,
+#                CAPTURE_ARGS, SPEEDUP_ARGS (`python3 -m bench speedup`: default its full grid; it builds
 #                the Llama-3.1-8B-shape pair in $MODELS first, ~3.2 GiB); E2E_MODEL, E2E_STEPS, E2E_ARGS,
 #                GPU_ARGS, PROFILE_MODEL, ... reach the tests
 #   BUNDLE       bundle folder (default ./.device-bundle); JITCACHE_MAX_MB (default 7);
@@ -34,8 +36,9 @@
 #   DRY_RUN=1    for a dev machine: no bundle/pip; everything under BASE=/tmp/gpujob_dry; stages only
 #                collect tests (pytest --collect-only) and print what the benchmarks would run (--dry-run)
 # Back in $OUT (<= 8 files): summary.txt, logs.tar.gz (all logs; logs/e2e/<stage>/ holds each stage's
-# server logs and results), bench_results.json, speedup_results.json, capture_results.json, kernel_results.json,
-# e2e_results.json (stage e2e), stage_results.tar.gz (every stage's *_results.json), jitcache.tar.xz
+# server logs and results), the stages' results JSON (bench_results.json, speedup_results.json,
+# capture_results.json, kernel_results.json, parts_results.json, ...), e2e_results.json (stage e2e),
+# stage_results.tar.gz (every stage's *_results.json), jitcache.tar.xz
 # (copy into .device-bundle/ for next time; build intermediates left out; past JITCACHE_MAX_MB
 # without Triton's IR text), marlin_jit.tar.xz (the Marlin MoE JIT .so files, kept out of
 # jitcache.tar.xz when they get their own file: ~2.9 MiB as xz for sm_90a; the summary gives its
@@ -46,7 +49,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd); cd "$ROOT"
 DRY=${DRY_RUN:-0}
 SUITE=${SUITE:-${STAGES:-kernel selftest e2e}}
 # a bad suite name or setting stops here, before the setup, with one line
-python3 test/run_suite.py --check $SUITE || exit 2
+SUITES="python3 -m bench.suites"
+$SUITES --check $SUITE || exit 2
 if [ "$DRY" = 1 ]; then BASE=${BASE:-/tmp/gpujob_dry}; BUNDLE=${BUNDLE:-$BASE/no-bundle}; else BASE=${BASE:-/tmp}; fi
 BUNDLE=${BUNDLE:-$ROOT/.device-bundle}
 OUT=${OUT:-$BASE/gpujob_out}; mkdir -p "$OUT"
@@ -68,7 +72,7 @@ if ls "$BUNDLE"/site_*.tar.xz >/dev/null 2>&1; then
 else
   say "WARNING: no $BUNDLE/site_*.tar.xz: using whatever sglang is installed"
 fi
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}  # the repo root: bench (the lab) everywhere
 # caches: sglang JIT (tvm-ffi + nvcc), Triton, Inductor, FlashInfer JIT (norm), torch extensions, CUDA JIT
 export TVM_FFI_CACHE_DIR=$BASE/jitcache TRITON_CACHE_DIR=$BASE/tritoncache TORCHINDUCTOR_CACHE_DIR=$BASE/inductorcache
 export FLASHINFER_WORKSPACE_BASE=$BASE/fiws TORCH_EXTENSIONS_DIR=$BASE/torchext CUDA_CACHE_PATH=$BASE/nvcache
@@ -90,8 +94,8 @@ command -v nvcc >/dev/null && export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname
 export MODELS_DIR=$MODELS E2E_MODELS_DIR=$MODELS VERIFY_GRAPH_MODELS=$MODELS E2E_LOG_DIR=$LOGS/e2e
 export JIT_BUILD_DIR=${JIT_BUILD_DIR:-$BASE/jitbuild}
 # the Marlin MoE JIT build as early as possible (minutes of nvcc; the stage shard_jit finds it running)
-if python3 test/run_suite.py --check $SUITE 2>/dev/null | grep -qw shard_jit; then
-  python3 test/run_suite.py --jit-build start "$JIT_BUILD_DIR" $([ "$DRY" = 1 ] && echo --dry-run) \
+if $SUITES --check $SUITE 2>/dev/null | grep -qw shard_jit; then
+  python3 scripts/build_marlin_jit.py start "$JIT_BUILD_DIR" $([ "$DRY" = 1 ] && echo --dry-run) \
     > "$LOGS/jit_start.txt" 2>&1
   say "jit at $(el)s: $(grep '^JIT ' "$LOGS/jit_start.txt" | cut -c1-160 | tr '\n' ' ')"
 fi
@@ -118,11 +122,11 @@ else
   DI=$SITE/sglang_verify_graph-0.1.0.dist-info; mkdir -p "$DI"
   printf 'Metadata-Version: 2.1\nName: sglang-verify-graph\nVersion: 0.1.0\n' > "$DI/METADATA"
   printf '[sglang.srt.plugins]\nverify_cuda_graph = sglang_verify_graph.plugin:register\n' > "$DI/entry_points.txt"
-  export PYTHONPATH=$ROOT/python:$ROOT/sgl-kernel:$PYTHONPATH
+  export PYTHONPATH=$ROOT/python:$PYTHONPATH
   plugin_ok >> "$LOGS/install.txt" && say "install: fallback ok" || say "install: FALLBACK FAILED (see logs/install.txt)"
 fi
 # the dummy models (config-only folders for --load-format dummy); needs the plugin installed above
-python3 -m bench.models.dummy_models "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "dummy_models FAILED: $(tail -3 "$LOGS/make_models.txt")"
+python3 -m bench models dummy "$MODELS" > "$LOGS/make_models.txt" 2>&1 || say "bench models dummy FAILED: $(tail -3 "$LOGS/make_models.txt")"
 say "== setup done in $(el)s; CUDA_HOME=${CUDA_HOME:-none}; $(nvcc --version 2>/dev/null | tail -1)"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>/dev/null | head -2 | tr '\n' ' ')"
 say "cpu: $(nproc) x$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
@@ -134,16 +138,16 @@ def v(p):
 print('versions python=' + sys.version.split()[0], ' '.join(f'{p}={v(p)}' for p in ('torch','sglang','triton','transformers','sglang-kernel','flashinfer-python','sglang-verify-graph')))" 2>&1 | tail -1)"
 nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1
 
-# ---------------------------------------------------------------- the suites (test/run_suite.py)
+# ---------------------------------------------------------------- the suites (bench/suites)
 export GPUJOB_DIR=$W GPUJOB_T0=$T0 OUT DRY_RUN=$DRY
-python3 test/run_suite.py $SUITE
+$SUITES $SUITE
 RC=$?
 
 # ---------------------------------------------------------------- pack (caches for the next call, logs)
 PRESENT=$(cd "$BASE" && for c in $CACHES; do [ -d "$c" ] && echo "$c"; done)
 (cd "$BASE" && du -sh $PRESENT 2>/dev/null | tr '\n' ' ') > "$LOGS/cache_sizes.txt"
 MIB() { echo $(( $(stat -c %s "$1") / 1048576 )); }
-# the Marlin MoE JIT modules (test/run_suite.py JIT_MODULES): .so files only, in marlin_jit.tar.xz
+# the Marlin MoE JIT modules (scripts/build_marlin_jit.py MODULES): .so files only, in marlin_jit.tar.xz
 MARLIN_SO=$(cd "$BASE" && ls -d jitcache/sgl_kernel_jit_moe_wna16_marlin*/*.so jitcache/sgl_kernel_jit_gptq_marlin_repack*/*.so 2>/dev/null)
 MARLIN_OUT=""
 if [ -n "$MARLIN_SO" ] && [ "$(ls "$OUT" | wc -l)" -lt 5 ]; then  # + jitcache, marlin_jit, summary.txt, logs.tar.gz <= 8

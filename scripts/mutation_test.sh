@@ -47,8 +47,9 @@ IGNORE=${MUTATION_IGNORE-test_accept_pair test_advisor test_bench_baseline test_
   test_bench_merge test_bench_profile test_bench_verify_parts test_capture_log test_chain_backend_layers
   test_chain_backend_refusals test_chain_kernel_arch_fit test_chain_kernel_interpret
   test_chain_kernel_test_fault test_chain_shape test_demo test_flag_sources test_gpu_job_parallel
-  test_hook_installation test_kernel_launcher_checks test_make_models test_package_layers test_profile
-  test_run_suite test_sanitizer_reports test_serve_help test_shard_quant_config test_upstream_patch}
+  test_hook_installation test_kernel_launcher_checks test_make_models test_marlin_jit_build
+  test_package_layers test_profile test_run_suite test_sanitizer_reports test_serve_help
+  test_shard_quant_config test_suite_declarations test_upstream_patch}
 "$PY" -c "import mutmut" 2>/dev/null || { echo "mutation_test.sh: mutmut missing in $PY; fix: $PY -m pip install mutmut" >&2; exit 2; }
 
 if [ "${MUTATION_KEEP:-0}" = 1 ] && [ -d "$W/mutants" ]; then
@@ -58,8 +59,8 @@ if [ "${MUTATION_KEEP:-0}" = 1 ] && [ -d "$W/mutants" ]; then
     cmp -s "$f" "$W/src/sglang_verify_graph/$(basename "$f")" || cp "$f" "$W/src/sglang_verify_graph/"
   done
   for dest in "$W" "$W/mutants"; do
-    rm -rf "$dest/test" "$dest/benchmark" "$dest/scripts" "$dest/sgl-kernel" "$dest/docs" "$dest/python"
-    cp -r "$ROOT/test" "$ROOT/benchmark" "$ROOT/scripts" "$ROOT/sgl-kernel" "$ROOT/docs" "$ROOT/README.md" "$dest/"
+    rm -rf "$dest/test" "$dest/bench" "$dest/scripts" "$dest/docs" "$dest/python"
+    cp -r "$ROOT/test" "$ROOT/bench" "$ROOT/scripts" "$ROOT/docs" "$ROOT/README.md" "$dest/"
     mkdir -p "$dest/python"; cp -r "$ROOT/python/sglang_verify_graph" "$dest/python/"
     find "$dest" -name __pycache__ -type d -prune -exec rm -rf {} +
   done
@@ -67,7 +68,7 @@ else
   rm -rf "$W"; mkdir -p "$W/src"
   cp -r "$ROOT/python/sglang_verify_graph" "$W/src/"
   mkdir -p "$W/python"; cp -r "$ROOT/python/sglang_verify_graph" "$W/python/"  # tests that read the source tree
-  cp -r "$ROOT/test" "$ROOT/benchmark" "$ROOT/scripts" "$ROOT/sgl-kernel" "$ROOT/docs" "$W/"
+  cp -r "$ROOT/test" "$ROOT/bench" "$ROOT/scripts" "$ROOT/docs" "$W/"
   cp "$ROOT/README.md" "$W/"
   find "$W" -name __pycache__ -type d -prune -exec rm -rf {} +
 fi
@@ -82,7 +83,7 @@ DESEL=$(for t in ${MUTATION_DESELECT:-}; do printf ', "--deselect", "%s"' "$t"; 
 [tool.mutmut]
 source_paths = ["src/sglang_verify_graph"]
 only_mutate = [${ONLY%, }]
-also_copy = ["python/", "benchmark/", "scripts/", "sgl-kernel/", "docs/", "README.md"]
+also_copy = ["python/", "bench/", "scripts/", "docs/", "README.md"]
 pytest_add_cli_args = ["-m", "not gpu and not server and not multigpu", "-p", "no:cacheprovider"$DESEL]
 pytest_add_cli_args_test_selection = [${SEL%, }]
 process_isolation = "forkserver"

@@ -5,11 +5,13 @@ Stdlib only."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
 WAIT = "wait"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def bench_file(command: str) -> str:
@@ -21,7 +23,9 @@ def bench_file(command: str) -> str:
         COMMANDS = {}
     if command not in COMMANDS:
         return f"bench/__main__.py:{command}"
-    return COMMANDS[command][0].replace(".", "/") + ".py"
+    path = COMMANDS[command][0].replace(".", "/")
+    package = os.path.join(path, "__init__.py")  # a command that is a package runs its __init__'s main
+    return package if os.path.isfile(os.path.join(ROOT, package)) else path + ".py"
 
 
 class SuiteError(ValueError):

@@ -1,4 +1,4 @@
-"""CPU tier: the shared-GPU mode of the GPU job (``scripts/gpu_job.sh`` -> ``test/run_suite.py``,
+"""CPU tier: the shared-GPU mode of the GPU job (``scripts/gpu_job.sh`` -> ``python3 -m bench.suites``,
 ``PARALLEL=1``).
 
 Failure modes guarded: stages run at once on the one H200 each start servers that size their KV
@@ -102,7 +102,7 @@ def test_parallel_suite_defaults_the_stage_limits(gpu_job_dry):
 
 
 def test_kbench_stage_dry_run(gpu_job_dry):
-    """Suite ``kbench`` under ``DRY_RUN=1``: bench_chain_kernel.py --dry-run (no GPU) with
+    """Suite ``kbench`` under ``DRY_RUN=1``: ``python -m bench kernel --dry-run`` (no GPU) with
     KBENCH_ARGS, its lines in summary.txt, no empty pytest-result line for it."""
     p, summary = gpu_job_dry(SUITE="kbench", KBENCH_ARGS="--shapes kimi_tp8_mla --ndt 6 --block-rows 16 32")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
