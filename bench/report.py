@@ -66,9 +66,10 @@ def _table(head: Sequence[str], rows: List[Sequence[str]]) -> List[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def gpu_job_command(command: str, kind: str) -> str:
+def gpu_job_command(command: str, kind: str, env: str = "") -> str:
     """The ``SUITE=... bash scripts/gpu_job.sh`` line that reruns a raw file's own command
-    (``meta.command``: a bench script and its arguments, the runner-local ones dropped)."""
+    (``meta.command``: a bench script and its arguments, the runner-local ones dropped); ``env``:
+    settings placed after ``SUITE=`` (e.g. longer time limits)."""
     words = shlex.split(command)
     script = next(i for i, w in enumerate(words) if w.endswith(".py"))
     args, it = [], iter(words[script + 1:])
@@ -78,10 +79,11 @@ def gpu_job_command(command: str, kind: str) -> str:
         else:
             args.append(w)
     suite, var = SUITE[kind]
+    head = f"SUITE={suite} {env} ".replace("  ", " ")
     if not args:
-        return f"SUITE={suite} bash scripts/gpu_job.sh"
+        return f"{head}bash scripts/gpu_job.sh"
     value = shlex.join(args).replace('"', '\\"')
-    return f'SUITE={suite} {var}="{value}" bash scripts/gpu_job.sh'
+    return f'{head}{var}="{value}" bash scripts/gpu_job.sh'
 
 
 def _replays(raw: dict, mode: str = "ours") -> str:
@@ -241,7 +243,7 @@ def render_capture(spec: dict, root: str) -> List[str]:
                      f"{m['upstream']['median_s']:.2f} ({m['upstream']['min_s']:.2f}-{m['upstream']['max_s']:.2f})",
                      f"**{s['ours_per_upstream']['time']:.3f}**",
                      f"{m['ours']['median_gib']:.3f} / {m['upstream']['median_gib']:.3f}"])
-        cmds.append(gpu_job_command(c["meta"]["command"], "capture"))
+        cmds.append(gpu_job_command(c["meta"]["command"], "capture", spec.get("env", {}).get(name, "")))
     return (["Alternating engine starts per mode, warm kernel cache; seconds and GiB from each engine's "
              "capture log line (a negative GiB: SGLang's free-memory drop read below zero).", ""]
             + _table(["target", "starts per mode", "ours s: median (min-max)", "upstream s: median (min-max)",
