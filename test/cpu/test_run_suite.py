@@ -171,8 +171,9 @@ def test_every_stage_has_the_repo_root_on_pythonpath(tmp_path):
     r.environ["PYTHONPATH"] = os.pathsep.join(["/site", ROOT])
     env = r.stage_env(st.SHARD_E2E_MARLIN_ST, shared=False)
     assert env["PYTHONPATH"].split(os.pathsep) == [ROOT, "/site"]
-    probe = Stage("probe", ("python3", "-c", "import bench.suites, sys; print(bench.suites.__file__)"),
-                  "PROBE_TMO", 60, 1, kind="bench")
+    child = "import bench.suites; print(bench.suites.__file__)"  # as a server's child: another folder
+    probe = Stage("probe", ("python3", "-c", f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, "
+                            f"'-c', {child!r}], cwd='/'))"), "PROBE_TMO", 60, 1, kind="bench")
     r = _runner(tmp_path, probe)
     r.environ.pop("PYTHONPATH", None)
     r.environ["OUT"] = str(tmp_path / "out")
