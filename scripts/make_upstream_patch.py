@@ -13,27 +13,34 @@ Usage:
 
 What the series does (docs/upstream_pr.md describes the change):
 
-1. the chain verify attention kernel as ``sglang/kernels/ops/attention/chain_verify.py``;
+1. the chain verify attention kernel as ``sglang/kernels/ops/attention/chain_verify.py`` (the
+   launcher) and ``chain_verify_triton.py`` (its two ``@triton.jit`` programs);
 2. the flag and its validation: ``ServerArgs.enable_verify_cuda_graph`` (``--enable-verify-cuda-graph``)
    validated at the end of ``__post_init__`` by ``sglang/srt/speculative/verify_graph_config.py``
    (with ``verify_graph_errors.py``, ``verify_graph_env.py`` and ``verify_graph_backends.py``);
-3. the SGLang accessors ``sglang/srt/model_executor/runner/verify_graph_utils.py``, the attention
-   backend ``sglang/srt/layers/attention/chain_verify_backend.py`` and its selection in the
-   ``triton`` attention-registry factory;
+3. the SGLang accessors ``sglang/srt/model_executor/runner/verify_graph_utils.py``, the plan
+   ``verify_graph_plan.py`` (decided once per model runner: its decode-graph runner ours, with
+   which verify attention, upstream's, or refused), the attention backend
+   ``sglang/srt/layers/attention/chain_verify_backend.py`` and its selection in the ``triton``
+   attention-registry factory;
 4. the runner ``sglang/srt/model_executor/runner/verify_cuda_graph_runner.py`` (with its counters,
-   static-buffer contract, self-test) and its capture ``verify_graph_capture.py``, selected in
-   ``cuda_graph_setup.capture_decode_graph``; every TARGET_VERIFY that does not replay the graph
-   counted in ``ModelRunner._forward_raw``; the counters in ``Scheduler.get_internal_state``;
+   static-buffer contract, probes and self-test), built as ``VerifyCudaGraphRunner(model_runner)``
+   in ``cuda_graph_setup.capture_decode_graph`` when the plan gives the target ours; the
+   draft-extend policy ``sglang/srt/speculative/verify_graph_draft_extend.py``; every
+   TARGET_VERIFY that does not replay the graph counted in ``ModelRunner._forward_raw``; the
+   counters in ``Scheduler.get_internal_state``;
 5. the QLEN_ONLY tree mask in ``build_eagle_verify_input``;
 6. the chain attention for the draft's ``DRAFT_EXTEND_V2``: ``ChainDraftExtendTritonBackend``
    chosen in ``DraftBackendFactory.create_draft_extend_backend``, its graph replays counted at
    the call in ``EAGLEWorkerV2._draft_extend_for_decode`` (eager ones in ``_forward_raw``).
 
 The new modules are this repository's modules with their imports rewritten to native names
-(``verify_graph_utils`` is the 0.5.16 branch of ``sglang_adapter.py``: the definitions the other
-modules call as ``adapter.<name>``, extracted from it by AST); the edits to existing SGLang files
-are generated against the given tree, each anchored on stable lines of the pinned version: a
-missing anchor stops the script with the file and the anchor it looked for.
+(``verify_graph_utils`` is the 0.5.16 branch of ``compat/sglang_adapter.py``: the definitions the
+other modules call as ``adapter.<name>``, extracted from it by AST; the plugin-only modules, its
+hook table ``hooks.py`` included, are not carried); the edits to existing SGLang files
+(``upstream_patch_edits.py``) are generated against the given tree, each anchored on stable lines
+of the pinned version: a missing anchor stops the script with the file and the anchor it looked
+for.
 """
 
 from __future__ import annotations
@@ -46,9 +53,25 @@ import re
 import sys
 from pathlib import Path
 
+from upstream_patch_edits import (
+    NATIVE_EXTRAS,
+    PROSE,
+    AnchorError,
+    drop_hook_table,
+    edit_attention_registry,
+    edit_cuda_graph_setup,
+    edit_draft_utils,
+    edit_eagle_worker_common,
+    edit_eagle_worker_v2,
+    edit_model_runner,
+    edit_scheduler,
+    edit_server_args,
+    first_line,
+    top_level,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "python" / "sglang_verify_graph"
-KERNEL = ROOT / "sgl-kernel" / "sglang_verify_graph.kernel"
 AUTHOR = "sglang-verify-graph <sglang-verify-graph@users.noreply.github.com>"
 DATE = "Sat, 29 Nov 2026 00:00:00 +0000"
 TOTAL = 6
@@ -56,6 +79,7 @@ TOTAL = 6
 # plugin module -> native module (dotted, under the ``sglang`` package)
 NATIVE = {
     "sglang_verify_graph.kernel": "sglang.kernels.ops.attention.chain_verify",
+    "sglang_verify_graph.kernel.triton_chain": "sglang.kernels.ops.attention.chain_verify_triton",
     "sglang_verify_graph.errors": "sglang.srt.speculative.verify_graph_errors",
     "sglang_verify_graph.env": "sglang.srt.speculative.verify_graph_env",
     "sglang_verify_graph.config": "sglang.srt.speculative.verify_graph_config",
@@ -64,36 +88,14 @@ NATIVE = {
     "sglang_verify_graph.runner": "sglang.srt.model_executor.runner.verify_cuda_graph_runner",
     "sglang_verify_graph.counters": "sglang.srt.model_executor.runner.verify_graph_counters",
     "sglang_verify_graph.buffers": "sglang.srt.model_executor.runner.verify_graph_buffers",
+    "sglang_verify_graph.debug.probes": "sglang.srt.model_executor.runner.verify_graph_probes",
+    "sglang_verify_graph.debug": "sglang.srt.model_executor.runner.verify_graph_debug",
     "sglang_verify_graph.debug.selftest": "sglang.srt.model_executor.runner.verify_graph_selftest",
-    "sglang_verify_graph.capture": "sglang.srt.model_executor.runner.verify_graph_capture",
+    "sglang_verify_graph.plan": "sglang.srt.model_executor.runner.verify_graph_plan",
+    "sglang_verify_graph.draft_extend": "sglang.srt.speculative.verify_graph_draft_extend",
     "sglang_verify_graph.compat.sglang_adapter": "sglang.srt.model_executor.runner.verify_graph_utils",
 }
-
-# Mentions of the plugin's own machinery in docstrings and comments -> their native counterparts.
-PROSE = (
-    ("``sglang_adapter.resolved``", "the adapter's resolved view"),
-    ("``sglang_adapter``", "``verify_graph_utils``"),
-    ("The command-line flag this plugin adds to SGLang's server arguments",
-     "The command-line flag that enables the verify graph"),
-    ("The plugin's flag", "The flag"),
-    ("The plugin's environment variables", "The verify graph's environment variables"),
-    ("belong to this plugin", "belong to this feature"),
-    ("(``cli.from_cli_args_hook`` refuses it)", "(refused at launch)"),
-    ("``plugin.forward_raw_hook``", "``ModelRunner._forward_raw``"),
-    ("(see plugin.build_verify_input_hook)", "(see build_eagle_verify_input)"),
-    ("see ``plugin.triton_factory``", "see ``create_triton_backend``"),
-    ("TARGET_VERIFY the plugin replaces", "TARGET_VERIFY the verify graph replaces"),
-    ("TARGET_VERIFY the plugin's graph replays", "TARGET_VERIFY the verify graph replays"),
-    ("``backends.py``", "``verify_graph_backends``"),
-    ("Policy for the hooks of ``plugin.py``", "Policy for ``capture_decode_graph``"),
-    ("(``sgl-kernel/sglang_verify_graph.kernel``)", "(``sglang.kernels.ops.attention.chain_verify``)"),
-    ("``sglang_verify_graph.kernel``", "``chain_verify``"),
-    ("sglang_verify_graph.kernel.workspace_numel", "chain_verify.workspace_numel"),
-)
-
-
-class AnchorError(RuntimeError):
-    pass
+_NATIVE_PREFIXES = tuple(v + "." for v in NATIVE.values())
 
 
 def native_path(module: str) -> str:
@@ -105,18 +107,18 @@ def rewrite_imports(text: str) -> str:
     text = text.replace('logging.getLogger("sglang_verify_graph")', "logging.getLogger(__name__)")
     for old, new in PROSE:
         text = text.replace(old, new)
-    for plugin in NATIVE:
-        if plugin.startswith("sglang_verify_graph."):
-            short = plugin.rpartition(".")[2]
-            parent, _, leaf = NATIVE[plugin].rpartition(".")
-            text = re.sub(rf"from sglang_verify_graph import {short}\b", f"from {parent} import {leaf}", text)
+    for plugin in NATIVE:  # ``from <package> import <module>``
+        package, _, short = plugin.rpartition(".")
+        parent, _, leaf = NATIVE[plugin].rpartition(".")
+        text = re.sub(rf"from {re.escape(package)} import {short}\b", f"from {parent} import {leaf}", text)
     for plugin in sorted(NATIVE, key=len, reverse=True):
         text = re.sub(rf"\b{re.escape(plugin)}(\.chain_verify_attention)?\b", NATIVE[plugin], text)
     return text
 
 
 def check_native(name: str, text: str) -> None:
-    """No import of the plugin packages may survive the rewrite."""
+    """No import of the plugin packages (nor of a module below a native module, i.e. a plugin
+    module the series does not carry) may survive the rewrite."""
     for node in ast.walk(ast.parse(text, filename=name)):
         mods = []
         if isinstance(node, ast.Import):
@@ -124,106 +126,29 @@ def check_native(name: str, text: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             mods = [node.module]
         for mod in mods:
-            if mod.split(".")[0] in ("sglang_verify_graph", "sglang_verify_graph.kernel"):
-                raise AnchorError(f"{name}: import of {mod} survived the rewrite")
+            if mod.split(".")[0] == "sglang_verify_graph" or mod.startswith(_NATIVE_PREFIXES):
+                raise AnchorError(f"{name}: import of {mod} survived the rewrite (a plugin module "
+                                  "the series does not carry?)")
+
+
+def plugin_source(plugin: str) -> Path:
+    """The file of a plugin module (``kernel``: its launcher, which the package re-exports)."""
+    if plugin == "sglang_verify_graph.kernel":
+        return PLUGIN / "kernel" / "chain_verify_attention.py"
+    path = PLUGIN.joinpath(*plugin.split(".")[1:])
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def plugin_module(src: Path, native: str, extra=None) -> tuple[str, str]:
-    text = rewrite_imports(src.read_text())
+    text = rewrite_imports(drop_hook_table(src.read_text(), native))
     if extra:
         text = extra(text)
     check_native(native, text)
     return native_path(native), text
 
 
-def _replace_line(text: str, old: str, new: str, module: str) -> str:
-    if old not in text:
-        raise AnchorError(f"{module}: expected line {old!r}")
-    return text.replace(old, new)
-
-
-def _native_config(text: str) -> str:
-    # Native: a real ServerArgs field instead of the plugin's underscore attribute.
-    return _replace_line(text, 'ATTR_ENABLE = "_enable_verify_cuda_graph"',
-                         'ATTR_ENABLE = "enable_verify_cuda_graph"', "verify_graph_config")
-
-
-def _name_triton_backend(text: str, line: str, module: str) -> str:
-    """``text`` with ``line``'s ``adapter.triton_attn_backend_cls()`` replaced by SGLang's
-    ``TritonAttnBackend`` (natively the class is imported, not looked up), and that import."""
-    text = _replace_line(text, line, line.replace("adapter.triton_attn_backend_cls()", "TritonAttnBackend"), module)
-    return _add_import(text, "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend")
-
-
-def _native_backend(text: str) -> str:
-    return _name_triton_backend(text, "class _ChainTritonBackend(adapter.triton_attn_backend_cls()):",
-                                "chain_verify_backend")
-
-
-def _native_runner(text: str) -> str:
-    text = _replace_line(text, "class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):",
-                         "class VerifyCudaGraphRunner(DecodeCudaGraphRunner):", "verify_cuda_graph_runner")
-    return _add_import(text, "from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner")
-
-
-def _native_capture(text: str) -> str:
-    # Natively SGLang 0.5.16 builds the runner in capture_decode_graph: the constructor class of
-    # later releases (``cls(model_runner)``) has no caller.
-    text = drop_definitions(text, "verify_graph_capture", "VerifyCudaGraphRunnerFromModelRunner")
-    return _name_triton_backend(text, "    if type(backend) is not adapter.triton_attn_backend_cls():",
-                                "verify_graph_capture")
-
-
-def _add_import(text: str, line: str) -> str:
-    lines = text.splitlines(keepends=True)
-    last = max(i for i, ln in enumerate(lines) if ln.startswith(("from ", "import ")))
-    if lines[last].rstrip().endswith("("):
-        while lines[last].strip() != ")":  # the end of a parenthesised import
-            last += 1
-    lines.insert(last + 1, line + "\n")
-    return "".join(lines)
-
-
-def _top_level(tree: ast.Module) -> dict[str, tuple[ast.stmt, ast.stmt]]:
-    """Top-level functions and assignments: name -> (first node, last node), the last being the
-    string statement that documents an assignment, when there is one."""
-    out, body = {}, tree.body
-    for i, node in enumerate(body):
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            out[node.name] = (node, node)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            nxt = body[i + 1] if i + 1 < len(body) else None
-            doc = nxt if (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                          and isinstance(nxt.value.value, str)) else node
-            for t in targets:
-                if isinstance(t, ast.Name):
-                    out[t.id] = (node, doc)
-    return out
-
-
-def _first_line(node: ast.stmt) -> int:
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-
-
-def drop_definitions(text: str, module: str, *names: str) -> str:
-    """``text`` without the named top-level definitions (decorators and the blank lines after
-    each included)."""
-    defs = _top_level(ast.parse(text))
-    missing = [n for n in names if n not in defs]
-    if missing:
-        raise AnchorError(f"{module}: definitions {missing} not found")
-    lines = text.splitlines(keepends=True)
-    for first, last in sorted((defs[n] for n in names), key=lambda fl: -fl[0].lineno):
-        start, end = _first_line(first) - 1, last.end_lineno
-        while end < len(lines) and not lines[end].strip():
-            end += 1
-        del lines[start:end]
-    return "".join(lines).rstrip("\n") + "\n"
-
-
 # ---- verify_graph_utils: the adapter's 0.5.16 branch -----------------------------------------
-ADAPTER = PLUGIN / "sglang_adapter.py"
+ADAPTER = PLUGIN / "compat" / "sglang_adapter.py"
 
 
 def version_flags() -> frozenset:
@@ -314,7 +239,7 @@ def build_utils(used: set[str]) -> str:
     adapter's order. Raises AnchorError when a name is not defined by the adapter or a definition
     needs a module-level name the native module does not have."""
     text = ADAPTER.read_text()
-    defs = _top_level(ast.parse(text))
+    defs = top_level(ast.parse(text))
     missing = sorted(used - defs.keys())
     if missing:
         raise AnchorError(f"sglang_adapter.py: no definition of {missing} (called as adapter.<name>)")
@@ -327,7 +252,7 @@ def build_utils(used: set[str]) -> str:
         if name in sources:
             continue
         first, last = defs[name]
-        src = fold_version_flag("".join(lines[_first_line(first) - 1:last.end_lineno]), name)
+        src = fold_version_flag("".join(lines[first_line(first) - 1:last.end_lineno]), name)
         sources[name] = (first.lineno, src)
         for free in _free_names(src):
             if free in defs and free not in sources:
@@ -347,192 +272,7 @@ def adapter_names_used(texts: list[str]) -> set[str]:
 
 
 def defined_names(text: str) -> set[str]:
-    return set(_top_level(ast.parse(text)))
-
-
-# ---- edits of existing SGLang files ----------------------------------------------------------
-def _find(lines: list[str], needle: str, start: int, rel: str, exact: bool = False) -> int:
-    for i in range(start, len(lines)):
-        if (lines[i].rstrip("\n") == needle) if exact else (needle in lines[i]):
-            return i
-    raise AnchorError(f"{rel}: anchor not found after line {start + 1}: {needle!r}")
-
-
-def edit_server_args(lines: list[str], rel: str, help_text: str) -> list[str]:
-    i = _find(lines, "    speculative_adaptive_config: A[", 0, rel)
-    j = _find(lines, "    ] = ", i, rel)
-    field = ["    enable_verify_cuda_graph: A[\n", "        bool,\n"]
-    field += [f"        {line}\n" for line in _wrap_str(help_text, 88)]
-    field += ["    ] = False\n"]
-    lines[j + 1:j + 1] = field
-    k = _find(lines, "        materialize_declarations(self)", j, rel, exact=True)
-    lines[k + 1:k + 1] = [
-        "\n",
-        "        # --enable-verify-cuda-graph needs the resolved configuration.\n",
-        "        self._handle_verify_cuda_graph()\n",
-        "\n",
-        "    def _handle_verify_cuda_graph(self):\n",
-        "        if not self.enable_verify_cuda_graph:\n",
-        "            return\n",
-        "        from sglang.srt.speculative.verify_graph_config import build_config\n",
-        "\n",
-        "        # Raises VerifyGraphConfigError (a ValueError): one line naming the flag and the fix.\n",
-        "        build_config(self)\n",
-    ]
-    return lines
-
-
-def _wrap_str(text: str, width: int) -> list[str]:
-    words, out, cur = text.split(), [], ""
-    for w in words:
-        if len(cur) + len(w) + 1 > width - 12:
-            out.append(cur)
-            cur = w
-        else:
-            cur = f"{cur} {w}" if cur else w
-    out.append(cur)
-    quoted = [f'"{line} "' for line in out[:-1]] + [f'"{out[-1]}",']
-    return quoted
-
-
-def edit_attention_registry(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "def create_triton_backend(runner):", 0, rel)
-    j = _find(lines, "    return TritonAttnBackend(runner)", i, rel, exact=True)
-    lines[j:j] = [
-        "    from sglang.srt.model_executor.runner import verify_graph_utils\n",
-        "\n",
-        "    if verify_graph_utils.is_eagle_topk1_target(runner):  # --enable-verify-cuda-graph\n",
-        "        from sglang.srt.speculative.verify_graph_config import build_config\n",
-        "\n",
-        "        verify_cfg = build_config(verify_graph_utils.resolved(runner.server_args))\n",
-        "        if verify_cfg is not None:\n",
-        "            from sglang.srt.layers.attention.chain_verify_backend import (\n",
-        "                ChainVerifyTritonBackend,\n",
-        "            )\n",
-        "\n",
-        "            return ChainVerifyTritonBackend(runner, verify_cfg)\n",
-        "\n",
-    ]
-    return lines
-
-
-def edit_cuda_graph_setup(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "def capture_decode_graph(", 0, rel)
-    j = _find(lines, "        runner = graph_runners[model_runner.device](model_runner)", i, rel, exact=True)
-    lines[j:j + 1] = [
-        "        from sglang.srt.model_executor.runner import verify_graph_capture\n",
-        "\n",
-        "        if verify_graph_capture.verify_runner_kind(model_runner) is not None:\n",
-        "            # --enable-verify-cuda-graph: dedicated topk=1 TARGET_VERIFY runner.\n",
-        "            runner, _ = verify_graph_capture.capture_verify_runner(model_runner)\n",
-        "        else:\n",
-        "            # Flag on but the target's attention backend is not one the verify graph\n",
-        "            # serves: a one-line error, not upstream's runner.\n",
-        "            verify_graph_capture.refuse_if_flag_lost(model_runner)\n",
-        "            runner = graph_runners[model_runner.device](model_runner)\n",
-    ]
-    return lines
-
-
-def edit_model_runner(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "    def _forward_raw(", 0, rel)
-    j = _find(lines, "            can_run_graph = bool(", i, rel, exact=True)
-    k = _find(lines, "            # Replay cuda graph if applicable", j, rel, exact=True)
-    lines[k:k] = [
-        "            verify_counters = getattr(self.decode_cuda_graph_runner, \"counters\", None)\n",
-        "            if (\n",
-        "                not can_run_graph\n",
-        "                and verify_counters is not None\n",
-        "                and forward_batch.forward_mode.is_target_verify()\n",
-        "            ):\n",
-        "                # --enable-verify-cuda-graph: this verify runs without the verify graph;\n",
-        "                # counted under the reason its can_run_graph recorded.\n",
-        "                verify_counters.count_eager_verify(forward_batch.batch_size)\n",
-        "            if forward_batch.forward_mode.is_draft_extend_v2():\n",
-        "                from sglang.srt.model_executor.runner import verify_graph_capture\n",
-        "\n",
-        "                # --enable-verify-cuda-graph: a draft extend that runs without the draft-extend\n",
-        "                # graph (its replays never come here), counted when the chain backend serves it.\n",
-        "                verify_graph_capture.count_eager_draft_extend(self)\n",
-        "\n",
-    ]
-    return lines
-
-
-def edit_eagle_worker_common(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "def build_eagle_verify_input(", 0, rel)
-    j = _find(lines, "        return EagleVerifyInput.create_idle_input(", i, rel)
-    k = _find(lines, "        )", j, rel, exact=True)
-    lines[k + 1:k + 1] = [
-        "\n",
-        "    if topk == 1:\n",
-        "        from sglang.srt.model_executor.runner import verify_graph_capture\n",
-        "\n",
-        "        if verify_graph_capture.uses_chain_backend(target_worker.model_runner):\n",
-        "            # The chain verify kernel reads no tree mask: build the smallest one.\n",
-        "            tree_mask_mode = TreeMaskMode.QLEN_ONLY\n",
-    ]
-    return lines
-
-
-def edit_draft_utils(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "    def create_draft_extend_backend(self):", 0, rel, exact=True)
-    j = _find(lines, "        return self._create_backend(", i, rel, exact=True)
-    k = _find(lines, "        )", j, rel, exact=True)
-    lines[j] = "        backend = self._create_backend(\n"
-    lines[k + 1:k + 1] = [
-        "        from sglang.srt.model_executor.runner import verify_graph_capture\n",
-        "\n",
-        "        # --enable-verify-cuda-graph: the chain kernel serves the draft's DRAFT_EXTEND_V2 in\n",
-        "        # place of the triton extend kernel (SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream keeps it).\n",
-        "        return verify_graph_capture.draft_extend_backend_for(self.draft_model_runner, backend)\n",
-    ]
-    return lines
-
-
-def edit_eagle_worker_v2(lines: list[str], rel: str) -> list[str]:
-    v = _find(lines, "    def verify(self, batch: ScheduleBatch):", 0, rel, exact=True)
-    w = _find(lines, "        return run_eagle_verify(", v, rel, exact=True)
-    lines[w:w] = [
-        "        from sglang.srt.model_executor.runner.verify_graph_counters import get_counters\n",
-        "\n",
-        "        verify_counters = get_counters()\n",
-        "        if verify_counters is not None:  # --enable-verify-cuda-graph: SGLang's own step count\n",
-        "            verify_counters.count_verify_step(batch.batch_size())\n",
-    ]
-    i = _find(lines, "    def _draft_extend_for_decode(", 0, rel)
-    j = _find(lines, "                draft_logits_output = self.cuda_graph_runner_for_draft_extend.execute(",
-              i, rel, exact=True)
-    k = _find(lines, "                )", j, rel, exact=True)
-    if lines[j + 1:k] != ["                    forward_batch\n"]:
-        raise AnchorError(f"{rel}: expected execute(forward_batch) after line {j + 1}")
-    lines[j:k + 1] = [
-        "                from sglang.srt.model_executor.runner import verify_graph_capture\n",
-        "\n",
-        "                # --enable-verify-cuda-graph: each replay served by the chain draft-extend\n",
-        "                # backend is counted (and self-tested when the self-test is on).\n",
-        "                draft_logits_output = verify_graph_capture.execute_draft_extend(\n",
-        "                    type(self.cuda_graph_runner_for_draft_extend).execute,\n",
-        "                    self.cuda_graph_runner_for_draft_extend,\n",
-        "                    forward_batch,\n",
-        "                )\n",
-    ]
-    return lines
-
-
-def edit_scheduler(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "    def get_internal_state(self, recv_req: GetInternalStateReq):", 0, rel)
-    j = _find(lines, "        return GetInternalStateReqOutput(internal_state=msgspec_to_builtins(ret))", i, rel,
-              exact=True)
-    lines[j:j] = [
-        "        from sglang.srt.model_executor.runner.verify_graph_counters import get_counters\n",
-        "\n",
-        "        verify_counters = get_counters()\n",
-        "        if verify_counters is not None:  # --enable-verify-cuda-graph\n",
-        '            ret["verify_cuda_graph"] = verify_counters.snapshot()\n',
-        "\n",
-    ]
-    return lines
+    return set(top_level(ast.parse(text)))
 
 
 # ---- patch writing ---------------------------------------------------------------------------
@@ -571,17 +311,11 @@ def write_patch(out: Path, number: int, subject: str, body: str, diffs: list[str
 
 def native_modules() -> dict[str, str]:
     """Plugin module -> its native text, ``verify_graph_utils`` included (nothing written)."""
-    extras = {"sglang_verify_graph.config": _native_config,
-              "sglang_verify_graph.chain_backend": _native_backend,
-              "sglang_verify_graph.runner": _native_runner,
-              "sglang_verify_graph.capture": _native_capture}
     texts = {}
     for plugin in NATIVE:
         if plugin == "sglang_verify_graph.compat.sglang_adapter":
             continue
-        src = (KERNEL / "chain_verify_attention.py" if plugin == "sglang_verify_graph.kernel"
-               else PLUGIN / (plugin.rpartition(".")[2] + ".py"))
-        texts[plugin] = plugin_module(src, NATIVE[plugin], extras.get(plugin))[1]
+        texts[plugin] = plugin_module(plugin_source(plugin), NATIVE[plugin], NATIVE_EXTRAS.get(plugin))[1]
     used = adapter_names_used(list(texts.values()))
     utils = build_utils(used)
     check_native("verify_graph_utils", utils)
@@ -602,7 +336,7 @@ def build(src: Path, out: Path) -> list[Path]:
     texts = native_modules()
 
     def new(short: str) -> str:
-        plugin = short if short == "sglang_verify_graph.kernel" else f"sglang_verify_graph.{short}"
+        plugin = f"sglang_verify_graph.{short}"
         rel = prefix + native_path(NATIVE[plugin])[len("sglang/"):]
         if (root / rel).exists():
             raise AnchorError(f"{rel} already exists in {root}: is the series applied already?")
@@ -621,8 +355,10 @@ def build(src: Path, out: Path) -> list[Path]:
         (1, "kernels: split-KV chain verify attention for topk=1 EAGLE verify",
                     "A decode-class Triton kernel for the target verify of a linear (topk=1) draft chain:\n"
                     "reads the page table directly, folds the draft tokens and the GQA group (or MLA's\n"
-                    "heads) into one tile, masks per draft position (no tree mask), splits the KV.",
-                    [new("sglang_verify_graph.kernel")]),
+                    "heads) into one tile, masks per draft position (no tree mask), splits the KV. The\n"
+                    "launcher (shapes, launch policy) is chain_verify.py, its two @triton.jit programs\n"
+                    "chain_verify_triton.py.",
+                    [new("kernel.triton_chain"), new("kernel")]),
         (2, "server_args: --enable-verify-cuda-graph and its validation",
                     "Adds ServerArgs.enable_verify_cuda_graph and validates the resolved configuration at the\n"
                     "end of __post_init__ (EAGLE/EAGLE3 topk 1, a served attention backend, decode CUDA graphs\n"
@@ -634,16 +370,23 @@ def build(src: Path, out: Path) -> list[Path]:
         (3, "attention: chain verify backend for the topk=1 EAGLE target",
                     "TritonAttnBackend whose TARGET_VERIFY runs the chain kernel with no per-replay metadata;\n"
                     "selected by the triton factory for the EAGLE topk=1 target when the flag is on.\n"
+                    "verify_graph_plan decides once per model runner (kept on it) whether its decode-graph\n"
+                    "runner becomes the verify graph's, with which verify attention, or must be refused;\n"
                     "verify_graph_utils holds the small SGLang accessors the verify graph's modules share.",
-                    [new("sglang_adapter"), new("chain_backend"),
+                    [new("compat.sglang_adapter"), new("plan"), new("chain_backend"),
                      edit("srt/layers/attention/attention_registry.py", edit_attention_registry)]),
         (4, "cuda graph: dedicated topk=1 verify runner with counters",
                     "VerifyCudaGraphRunner (DecodeCudaGraphRunner subclass) replaces the target's decode/verify\n"
-                    "runner (verify_graph_capture: which target gets it, its timed capture, a one-line error\n"
-                    "when the flag is on but the backend is not served): padded buckets with neutralised rows,\n"
-                    "every replay counted, every TARGET_VERIFY that runs without the graph counted by reason in\n"
-                    "ModelRunner._forward_raw, optional graph-vs-eager self-test; counters in /get_server_info.",
-                    [new("counters"), new("buffers"), new("selftest"), new("runner"), new("capture"),
+                    "runner in capture_decode_graph when the model runner's plan gives it one (a one-line error\n"
+                    "when the flag is on but the backend is not served). Built as VerifyCudaGraphRunner(\n"
+                    "model_runner), it times its capture, counts its GPU memory and turns an out-of-memory\n"
+                    "capture into one line: padded buckets with neutralised rows, every replay counted, every\n"
+                    "TARGET_VERIFY that runs without the graph counted by reason in ModelRunner._forward_raw,\n"
+                    "optional graph-vs-eager self-test (verify_graph_debug's probes, inert by default);\n"
+                    "counters in /get_server_info. verify_graph_draft_extend holds the draft-extend policy\n"
+                    "(wired into the draft by the last patch); its eager forwards are counted in _forward_raw.",
+                    [new("counters"), new("buffers"), new("debug.probes"), new("debug.selftest"), new("debug"),
+                     new("runner"), new("draft_extend"),
                      edit("srt/model_executor/model_runner_components/cuda_graph_setup.py", edit_cuda_graph_setup),
                      edit("srt/model_executor/model_runner.py", edit_model_runner),
                      edit("srt/managers/scheduler.py", edit_scheduler)]),
@@ -653,12 +396,12 @@ def build(src: Path, out: Path) -> list[Path]:
                     [edit("srt/speculative/eagle_worker_common.py", edit_eagle_worker_common)]),
         (6, "eagle: chain attention for the draft extend (DRAFT_EXTEND_V2)",
                     "With the flag on, the draft's triton draft-extend backend becomes\n"
-                    "ChainDraftExtendTritonBackend: the split-KV chain kernel with the prefix read from\n"
-                    "seq_lens - num_draft_tokens, no kv_indices built per replay, in place of the extend\n"
-                    "kernel whose cost grows with the context. Replays of the draft-extend graph it serves\n"
-                    "are counted at the call in EAGLEWorkerV2._draft_extend_for_decode, eager draft\n"
-                    "extends in ModelRunner._forward_raw; SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream keeps\n"
-                    "the extend kernel.",
+                    "ChainDraftExtendTritonBackend (verify_graph_draft_extend.draft_extend_backend_for): the\n"
+                    "split-KV chain kernel with the prefix read from seq_lens - num_draft_tokens, no kv_indices\n"
+                    "built per replay, in place of the extend kernel whose cost grows with the context.\n"
+                    "Replays of the draft-extend graph it serves are counted at the call in\n"
+                    "EAGLEWorkerV2._draft_extend_for_decode, eager draft extends in ModelRunner._forward_raw;\n"
+                    "SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream keeps the extend kernel.",
                     [edit("srt/speculative/draft_utils.py", edit_draft_utils),
                      edit("srt/speculative/eagle_worker_v2.py", edit_eagle_worker_v2)]),
     ]

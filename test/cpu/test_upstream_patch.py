@@ -4,11 +4,12 @@ The installed ``sglang`` package is copied to a temp dir, the series is generate
 applied with ``git apply`` (and dry-run with ``patch -p1`` where that tool exists); the new and
 edited modules must compile, and the patched tree must import and serve the flag natively:
 ``--enable-verify-cuda-graph`` parses, a conflicting setting raises the one-line error (of the
-native error type), the runner, backend, capture and edited modules import, the capture refuses a
-target whose backend the flag cannot serve, ``ModelRunner._forward_raw`` counts a verify that
-does not replay the graph and an eager draft extend of the chain draft-extend backend, and the
-draft's ``create_draft_extend_backend`` hands its backend to the capture's choice. A missing
-anchor must stop the script with a clear message.
+native error type), the runner, backend, plan, draft-extend and edited modules import, the plan
+gives the chain runner to a flag-on target with the chain backend and refuses one whose backend
+the flag cannot serve (so does the runner's constructor), ``ModelRunner._forward_raw`` counts a
+verify that does not replay the graph and an eager draft extend of the chain draft-extend backend,
+and the draft's ``create_draft_extend_backend`` hands its backend to the draft-extend policy's
+choice. A missing anchor must stop the script with a clear message.
 """
 
 import json
@@ -42,17 +43,21 @@ EDITED = [
 ]
 NEW = [
     "kernels/ops/attention/chain_verify.py",
+    "kernels/ops/attention/chain_verify_triton.py",
     "srt/speculative/verify_graph_errors.py",
     "srt/speculative/verify_graph_env.py",
     "srt/speculative/verify_graph_config.py",
     "srt/speculative/verify_graph_backends.py",
     "srt/layers/attention/chain_verify_backend.py",
     "srt/model_executor/runner/verify_graph_utils.py",
+    "srt/model_executor/runner/verify_graph_plan.py",
     "srt/model_executor/runner/verify_cuda_graph_runner.py",
     "srt/model_executor/runner/verify_graph_counters.py",
     "srt/model_executor/runner/verify_graph_buffers.py",
+    "srt/model_executor/runner/verify_graph_probes.py",
+    "srt/model_executor/runner/verify_graph_debug.py",
     "srt/model_executor/runner/verify_graph_selftest.py",
-    "srt/model_executor/runner/verify_graph_capture.py",
+    "srt/speculative/verify_graph_draft_extend.py",
 ]
 
 
@@ -113,9 +118,11 @@ def test_series_shape(series):
     assert "sglang_verify_graph.kernel" not in text
     # the native modules carry the pinned version's branch only: no switch on newer SGLang
     for name in ("RUNNER_CLS_HOOK", "RESOLVE_ONCE", "_since", "VerifyCudaGraphRunnerFromModelRunner",
-                 "sglang_adapter", "triton_attn_backend_cls",
-                 "decode_cuda_graph_runner_cls"):
+                 "sglang_adapter", "triton_attn_backend_cls", "decode_cuda_graph_runner_cls",
+                 "verify_graph_capture", "@hook(", "hooks import", "decode_graph_capture"):
         assert name not in text, name
+    # SGLang 0.5.16 builds our runner as it builds its own: one constructor, from the model runner
+    assert "+            runner = VerifyCudaGraphRunner(model_runner)\n" in text
     for p in patches:
         head = p.read_text().splitlines()[:4]
         assert head[1].startswith("From: ") and head[3].startswith("Subject: [PATCH ")
@@ -154,7 +161,9 @@ _DRIVER = textwrap.dedent("""
         out["error"] = f"{type(e).__name__}: {e}"
         out["error_module"] = type(e).__module__
     for m in ("sglang.srt.model_executor.runner.verify_cuda_graph_runner",
-              "sglang.srt.model_executor.runner.verify_graph_capture",
+              "sglang.srt.model_executor.runner.verify_graph_plan",
+              "sglang.srt.speculative.verify_graph_draft_extend",
+              "sglang.srt.speculative.draft_utils", "sglang.srt.speculative.eagle_worker_v2",
               "sglang.srt.layers.attention.attention_registry",
               "sglang.srt.model_executor.model_runner_components.cuda_graph_setup",
               "sglang.srt.model_executor.model_runner",
@@ -167,17 +176,28 @@ _DRIVER = textwrap.dedent("""
     out["classes"] = (issubclass(VerifyCudaGraphRunner, DecodeCudaGraphRunner)
                       and issubclass(ChainVerifyTritonBackend, TritonAttnBackend))
 
-    # the capture's choice, with the flag on through the native ServerArgs field: an EAGLE topk=1
-    # target whose backend is not the chain backend gets no verify runner and a one-line error
-    from sglang.srt.model_executor.runner import verify_graph_capture as capture
-    target = SimpleNamespace(spec_algorithm=SimpleNamespace(is_eagle=lambda: True),
-                             is_draft_worker=False, server_args=on, attn_backend=object())
-    out["kind"] = capture.verify_runner_kind(target)
+    # the plan's choice, with the flag on through the native ServerArgs field (no environment):
+    # an EAGLE topk=1 target with the chain backend gets our runner; one whose backend is not the
+    # chain backend gets none and a one-line error (the runner's constructor refuses it too); the
+    # draft gets upstream's, no error
+    from sglang.srt.model_executor.runner import verify_graph_plan as plan
+    fields = dict(spec_algorithm=SimpleNamespace(is_eagle=lambda: True), is_draft_worker=False,
+                  server_args=on)
+    target = SimpleNamespace(**fields, attn_backend=object())
+    out["kind"] = plan.runner_kind(target)
+    out["chain_kind"] = plan.runner_kind(
+        SimpleNamespace(**fields, attn_backend=object.__new__(ChainVerifyTritonBackend)))
     try:
-        capture.refuse_if_flag_lost(target)
+        plan.refuse_if_flag_lost(target)
     except ValueError as e:
         out["refusal"] = str(e)
-    capture.refuse_if_flag_lost(SimpleNamespace(**{**vars(target), "is_draft_worker": True}))
+    try:
+        VerifyCudaGraphRunner(target)
+    except RuntimeError as e:
+        out["runner_refusal"] = str(e)
+    draft_runner = SimpleNamespace(**{**fields, "is_draft_worker": True}, attn_backend=object())
+    plan.refuse_if_flag_lost(draft_runner)
+    out["draft_kind"] = plan.verify_plan(draft_runner).kind
 
     # ModelRunner._forward_raw: a TARGET_VERIFY our runner refuses is counted before it runs eagerly
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -230,9 +250,10 @@ _DRIVER = textwrap.dedent("""
 
     # the draft side: an eager DRAFT_EXTEND_V2 of a draft served by the chain draft-extend backend
     # is counted in _forward_raw (another backend's is not), and the factory's backend goes
-    # through the capture's choice
+    # through the draft-extend policy's choice
     from sglang.srt.layers.attention.chain_verify_backend import ChainDraftExtendTritonBackend
     from sglang.srt.model_executor.runner import verify_graph_counters
+    from sglang.srt.speculative import verify_graph_draft_extend
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
     verify_graph_counters.install_counters(counters)
@@ -245,7 +266,7 @@ _DRIVER = textwrap.dedent("""
         except Eager:
             pass
     out["draft_extend_eager"] = counters.draft_extend_eager
-    capture.draft_extend_backend_for = lambda runner, backend: ("chosen", runner, backend)
+    verify_graph_draft_extend.draft_extend_backend_for = lambda runner, backend: ("chosen", runner, backend)
     factory = SimpleNamespace(server_args=SimpleNamespace(speculative_attention_mode="prefill"),
                               draft_model_runner="draft runner",
                               _create_backend=lambda *a: "triton backend")
@@ -276,7 +297,8 @@ def test_patched_tree_serves_the_flag_natively(applied, tiny_model_dirs):
                             "draft chain (top-k 1) (--speculative-eagle-topk = 4). "
                             "Fix: pass --speculative-eagle-topk 1.")
     assert out["error_module"] == "sglang.srt.speculative.verify_graph_errors"
-    assert out["kind"] is None
+    assert out["kind"] is None and out["chain_kind"] == "chain" and out["draft_kind"] == "upstream"
+    assert out["runner_refusal"] == "VerifyCudaGraphRunner needs ChainVerifyTritonBackend, got object"
     assert out["refusal"].startswith("--enable-verify-cuda-graph: with --attention-backend triton the "
                                      "verify graph serves ChainVerifyTritonBackend, but this model got "
                                      "another attention backend") and "\n" not in out["refusal"]
