@@ -63,13 +63,15 @@ def engine_kwargs(mode: str, target: str, draft: str, cfg: dict, *, max_context:
 
 def probed_engine_class():
     """``sglang.Engine`` whose scheduler process installs the per-replay probe first
-    (``bench.lib.verify_probe.run_scheduler_process``)."""
+    (``bench.lib.verify_probe.run_scheduler_process``); SGLang's own ``Engine`` (no probe, a
+    line on stderr) when it has no ``run_scheduler_process_func`` to override."""
     from sglang.srt.entrypoints.engine import Engine
 
     from bench.lib import verify_probe
 
     if not hasattr(Engine, "run_scheduler_process_func"):
-        raise RuntimeError("this sglang.Engine has no run_scheduler_process_func: the probe cannot be installed")
+        print("PROBE unavailable: this sglang.Engine has no run_scheduler_process_func", file=sys.stderr, flush=True)
+        return Engine
 
     class ProbedEngine(Engine):
         run_scheduler_process_func = staticmethod(verify_probe.run_scheduler_process)

@@ -13,13 +13,12 @@ MODELS = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
 
 @pytest.fixture(scope="module")
 def pair():
-    """``(target_dir, draft_dir, maps)`` of the constructed pair of ``bench/models/accept_pair.py``
+    """``(target_dir, draft_dir, maps)`` of the constructed pair of ``bench.models.accept_pair``
     (real weights; written under ``E2E_MODELS_DIR`` when missing); ``maps`` holds ``g``, ``d1``,
     ``G`` (lists of token ids) as in ``pair_maps.json``."""
     target = os.path.join(MODELS, "llama-pair")
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "accept_pair.py"), MODELS],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "bench", "models", "pair", MODELS], check=True, cwd=ROOT)
     with open(os.path.join(target, "pair_maps.json")) as f:
         maps = json.load(f)
     return target, target + "-eagle3", maps

@@ -3,7 +3,7 @@
 Failure mode guarded: a wrong verify attention at draft positions >= 1 (causal limit off by one,
 a dropped KV split, a wrong page-table entry) changes output tokens. The plain constructed pair
 (``test_accept_length_e2e.py``) cannot show it: its target never reads its attention output. The
-attention pair (``bench/models/accept_pair.py --attention``, written under ``E2E_MODELS_DIR`` when
+attention pair (``python -m bench models pair DIR --attention``, written under ``E2E_MODELS_DIR`` when
 missing) attends to the token itself and to BOS; its greedy token is still ``g(t)``, so
 ``accept_pair.simulate`` predicts every output and histogram.
 
@@ -19,7 +19,7 @@ missing) attends to the token itself and to BOS; its greedy token is still ``g(t
 * ``test_fault_outputs_match_the_faulted_simulation[<fault>]``: the same server's outputs and
   histograms equal ``simulate(..., fault=<fault>)``.
 
-CPU prediction of these assertions: ``test/cpu/test_accept_pair.py``
+CPU prediction of these assertions: ``test/bench/test_accept_pair.py``
 (``::test_each_fault_changes_every_server_test_request`` for these prompts).
 
 Env: ``ACCEPT_ATTN_TOKENS`` (new tokens per request, default 96), ``ACCEPT_ATTN_FAULTS`` (default
@@ -38,9 +38,8 @@ from collections import Counter
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import accept_pair as ap  # noqa: E402
-from server_utils import ACCEPT_PAIR_ARGS  # noqa: E402
+from bench.models import accept_pair as ap
+from bench.lib.server import ACCEPT_PAIR_ARGS
 
 pytestmark = [pytest.mark.server]
 
@@ -63,8 +62,8 @@ def attn_pair():
     """``(target_dir, draft_dir, maps)`` of the attention pair (``maps`` with ``"code"``)."""
     target = os.path.join(MODELS, ap.NAMES[True])
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "accept_pair.py"), MODELS,
-                        "--attention"], check=True)
+        subprocess.run([sys.executable, "-m", "bench", "models", "pair", MODELS, "--attention"], check=True,
+                       cwd=ROOT)
     with open(os.path.join(target, "pair_maps.json")) as f:
         maps = json.load(f)
     assert maps.get("attention") and len(maps["code"]) == ap.VOCAB, "not the attention pair"
@@ -80,7 +79,7 @@ def _run(pair, mode, page=1, fault=None):
     key = (mode, page, fault)
     if key in _RUNS:
         return _RUNS[key]
-    from server_utils import free_port, generate, launch_server, plugin_state, stop_server
+    from bench.lib.server import free_port, generate, launch_server, plugin_state, stop_server
 
     target, draft, _ = pair
     args = COMMON + ["--page-size", str(page)]

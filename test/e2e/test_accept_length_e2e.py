@@ -6,7 +6,7 @@ Failure modes guarded:
   the mean ``accept_length`` and the per-request histogram of
   correct drafts per cycle (SGLang's ``spec_correct_drafts_histogram``) must be equal between our
   verify graph, upstream's graph and eager verify (``--disable-cuda-graph``), and equal to the
-  prediction of ``scripts/accept_pair.simulate``;
+  prediction of ``bench.models.accept_pair.simulate``;
 * a blocking host sync inside the verify step (verify forward + acceptance): every server runs
   with ``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1`` (``sync_check.py``, PyTorch's CUDA sync debug mode);
   ours must report 0 synchronizing calls over all its verify steps;
@@ -14,7 +14,7 @@ Failure modes guarded:
   ``--speculative-num-steps`` 1, 2, 3 and 5 (``num_draft_tokens`` 2..6 per request) and reports
   ``num_draft_tokens == num_steps + 1``; every verify step replays our graph (counter).
 
-The pair (``bench/models/accept_pair.py``, real weights) has a deterministic greedy target (next token
+The pair (``bench.models.accept_pair``, real weights) has a deterministic greedy target (next token
 ``g(t)``) and a draft that agrees on ~70% of ids, so accepted counts 0..num_steps all occur and 8
 concurrent requests at different points of the cycle mix them in one batch.
 
@@ -33,9 +33,8 @@ from collections import Counter
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import accept_pair as ap  # noqa: E402
-from server_utils import ACCEPT_PAIR_ARGS  # noqa: E402
+from bench.models import accept_pair as ap
+from bench.lib.server import ACCEPT_PAIR_ARGS
 
 pytestmark = [pytest.mark.server]
 
@@ -68,7 +67,7 @@ def _serve_and_collect(pair, mode, steps):
     key = (mode, steps)
     if key in _RUNS:
         return _RUNS[key]
-    from server_utils import free_port, generate, launch_server, plugin_state, stop_server
+    from bench.lib.server import free_port, generate, launch_server, plugin_state, stop_server
 
     target, draft, _ = pair
     os.makedirs(LOG_DIR, exist_ok=True)

@@ -30,9 +30,7 @@ import time
 import pytest
 import requests
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "benchmark"))
-from bench_verify import profile_lines  # noqa: E402
+from bench.verify.parent import profile_lines
 
 pytestmark = [pytest.mark.server]
 
@@ -55,7 +53,7 @@ def _body(ids, n):
 
 
 def _serve(name, extra):
-    from server_utils import free_port, launch_server
+    from bench.lib.server import free_port, launch_server
 
     os.makedirs(LOG_DIR, exist_ok=True)
     base = f"http://127.0.0.1:{free_port()}"
@@ -68,7 +66,7 @@ def _serve(name, extra):
 
 
 def _decode_ms():
-    from server_utils import generate, stop_server
+    from bench.lib.server import generate, stop_server
 
     proc, base, _ = _serve("plain", [])
     try:
@@ -85,7 +83,7 @@ def _decode_ms():
 
 
 def test_profile_lines_metrics_and_advisor():
-    from server_utils import generate, plugin_state, stop_server
+    from bench.lib.server import generate, plugin_state, stop_server
 
     decode_ms = _decode_ms()
     proc, base, log = _serve("ours", SPEC + [

@@ -1,5 +1,5 @@
 """Server tier: KV accounting, feature mix and sampling under our verify graph. Servers run the
-constructed pair of ``bench/models/accept_pair.py`` (deterministic greedy target: next token ``g(t)``;
+constructed pair of ``bench.models.accept_pair`` (deterministic greedy target: next token ``g(t)``;
 a draft agreeing on ~70% of ids), so outputs can be checked exactly.
 
 * **KV accounting** (sgl-project/sglang#31616: KV slots leak with page size > 1):
@@ -43,8 +43,7 @@ import pytest
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import accept_pair as ap  # noqa: E402
+from bench.models import accept_pair as ap
 
 pytestmark = [pytest.mark.server]
 
@@ -60,7 +59,7 @@ BASE_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
 
 class _Server:
     def __init__(self, pair, name, extra, env_extra=None):
-        from server_utils import free_port, launch_server
+        from bench.lib.server import free_port, launch_server
 
         target, draft, _ = pair
         os.makedirs(LOG_DIR, exist_ok=True)
@@ -78,17 +77,17 @@ class _Server:
         return self
 
     def __exit__(self, *exc):
-        from server_utils import stop_server
+        from bench.lib.server import stop_server
 
         stop_server(self.proc)
 
     def generate(self, body, timeout=300):
-        from server_utils import generate
+        from bench.lib.server import generate
 
         return generate(self.base, body, timeout)
 
     def state(self):
-        from server_utils import plugin_state
+        from bench.lib.server import plugin_state
 
         return plugin_state(self.base)
 

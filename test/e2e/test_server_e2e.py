@@ -1,7 +1,7 @@
 """Server tier: the stock ``python -m sglang.launch_server`` with ``--enable-verify-cuda-graph``.
 
 Starts real SGLang 0.5.16 servers (one at a time: GPU memory) on a dummy-weight Llama target and its
-EAGLE-3 draft (``python -m bench.models.dummy_models``; ``E2E_MODEL``: ``llama-small`` by default, ``llama-8b`` for the
+EAGLE-3 draft (``python -m bench models dummy``; ``E2E_MODEL``: ``llama-small`` by default, ``llama-8b`` for the
 Llama-3.1-8B shape; ``kimi-small`` / ``kimi-small-mla`` for the Kimi-K2.5-shaped MLA +
 MoE target with the Llama-style / MLA drafter), EAGLE-3 topk 1, ``E2E_STEPS`` steps (default 2: 3 draft tokens),
 attention backend
@@ -148,7 +148,7 @@ class Server:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(LOG_DIR, f"server_{name}.log")
-        from server_utils import shared_gpu_args
+        from bench.lib.server import shared_gpu_args
 
         self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, *COMMON, *extra,
                     *SERVER_ARGS, "--host", "127.0.0.1", "--port", str(self.port), *shared_gpu_args()]
@@ -246,8 +246,8 @@ def servers(tmp_path_factory):
     models = os.environ.get("E2E_MODELS_DIR", "/tmp/models")
     if not os.path.isfile(os.path.join(models, MODEL + "-eagle3", "config.json")):
         models = str(tmp_path_factory.mktemp("models"))
-        subprocess.run([sys.executable, "-m", "bench.models.dummy_models", models, "--only", MODEL],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "bench", "models", "dummy", models, "--only", MODEL],
+                       check=True, cwd=ROOT)
     RESULTS["model"] = MODEL
     RESULTS["attention_backend"] = BACKEND
     RESULTS["draft_attention_backend"] = DRAFT_BACKEND or None

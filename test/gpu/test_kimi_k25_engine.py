@@ -62,7 +62,7 @@ def test_kimi_k25_wrapper_verify_graph_equals_eager():
     if not os.path.isfile(os.path.join(target, "config.json")):
         pytest.skip(f"{target} missing (python -m bench.models.dummy_models)")
     env = dict(os.environ, SGLANG_ENABLE_VERIFY_CUDA_GRAPH="1", SGLANG_VERIFY_GRAPH_SELFTEST="1")
-    from server_utils import shared_gpu_kwargs
+    from bench.lib.server import shared_gpu_kwargs
 
     proc = subprocess.run([sys.executable, "-c", _DRIVER, target, json.dumps(shared_gpu_kwargs())],
                           env=env, capture_output=True,

@@ -14,8 +14,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-import bench_capture as bc  # noqa: E402
+from bench import capture as bc
+from bench.lib import engine
+from bench.verify import child as verify_child
 
 OURS_LINE = ("[t] VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=[1, 2, 4, 8], num_draft_tokens=3 "
              "tokens/request, attention=chain split-KV (MHA), {s} s, {g} GiB\n")
@@ -108,7 +109,7 @@ def test_main_runs_each_engine_and_fails_on_a_missing_capture(tmp_path, monkeypa
     starts = []
 
     class FakeEngine:
-        def __init__(self, cmd, stdout, stderr):
+        def __init__(self, cmd, stdout, stderr, **kw):
             mode = cmd[cmd.index("--child") + 1]
             starts.append((mode, "--capture-only" in cmd))
             n = sum(1 for m, _ in starts if m == mode)
@@ -121,9 +122,9 @@ def test_main_runs_each_engine_and_fails_on_a_missing_capture(tmp_path, monkeypa
         def wait(self, timeout=None):
             return 0
 
-    monkeypatch.setattr(bc.bv.subprocess, "Popen", FakeEngine)
-    monkeypatch.setattr(bc.bv, "model_paths", lambda a: None)
-    monkeypatch.setattr(bc.bv, "_hardware", lambda: "H200 (stand-in)")
+    monkeypatch.setattr(engine.subprocess, "Popen", FakeEngine)
+    monkeypatch.setattr(verify_child, "model_paths", lambda a: None)
+    monkeypatch.setattr(engine, "hardware", lambda: "H200 (stand-in)")
     out = tmp_path / "capture.json"
     rc = bc.main(["--repeats", "3", "--out", str(out), "--log-dir", str(tmp_path / "logs"), "--steps", "2"])
     text = capsys.readouterr().out
@@ -146,19 +147,20 @@ def test_gpu_job_dry_run_has_the_capture_stage(tmp_path, gpu_job_dry):
 
 DRIVER = """
 import sys, subprocess
-sys.path.insert(0, {bench!r})
-import bench_capture as bc
+from bench import capture as bc
+from bench.lib import engine as lib_engine
+from bench.verify import child as verify_child
 REAL = subprocess.Popen
 n = []
-def engine(cmd, stdout, stderr):
+def engine(cmd, stdout, stderr, **kw):
     n.append(1)
     code = "print(%r, flush=True)" % {line!r}
     if len(n) > 1:
         code += "; import time; time.sleep(60)"
     return REAL([sys.executable, "-c", code], stdout=stdout, stderr=stderr)
-bc.bv.subprocess.Popen = engine
-bc.bv.model_paths = lambda a: None
-bc.bv._hardware = lambda: "stand-in"
+subprocess.Popen = engine
+verify_child.model_paths = lambda a: None
+lib_engine.hardware = lambda: "stand-in"
 sys.exit(bc.main(["--repeats", "2", "--out", {out!r}, "--log-dir", {logs!r}, "--steps", "2"]))
 """
 
@@ -172,9 +174,11 @@ def test_sigterm_keeps_the_finished_engines(tmp_path):
 
     out = tmp_path / "c.json"
     drv = tmp_path / "drv.py"
-    drv.write_text(DRIVER.format(bench=os.path.join(ROOT, "benchmark"), line=OURS_LINE.format(s="3.36", g=0.109),
+    drv.write_text(DRIVER.format(line=OURS_LINE.format(s="3.36", g=0.109),
                                  out=str(out), logs=str(tmp_path / "logs")))
-    p = subprocess.Popen([sys.executable, str(drv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    p = subprocess.Popen([sys.executable, str(drv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env)
     deadline = time.time() + 60
     while not out.exists() and time.time() < deadline:  # written after run 0
         time.sleep(0.2)

@@ -10,8 +10,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-import bench_verify as bv  # noqa: E402
+from bench.lib import engine, results
+from bench.verify import child as verify_child
+from bench.verify import cli as verify_cli
+from bench.verify import table as verify_table
 
 
 def _phase(ctx, bs, decode=None, verify=None):
@@ -43,13 +45,13 @@ def _result(path, modes, model="kimi-k25-shard", capture=None, **meta_extra):
 
 def test_phases_from_log(tmp_path):
     log = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=13.3), _phase(1024, 4, verify=16.4)])
-    got = bv.phases_from_log(log)
+    got = results.phases_from_log(log)
     assert [(p["context"], p["bs"]) for p in got["phases"]] == [(1024, 1), (1024, 4)]
     assert got["partial"] is True and got["startup_s"] == 30.5
     assert got["engine_kwargs"]["speculative_num_steps"] == 3
     (tmp_path / "empty.log").write_text("Traceback (most recent call last):\n")
-    assert bv.phases_from_log(str(tmp_path / "empty.log")) == {}
-    assert bv.phases_from_log(str(tmp_path / "missing.log")) == {}
+    assert results.phases_from_log(str(tmp_path / "empty.log")) == {}
+    assert results.phases_from_log(str(tmp_path / "missing.log")) == {}
 
 
 def test_a_timed_out_mode_keeps_its_finished_points(tmp_path, monkeypatch, capsys):
@@ -68,14 +70,14 @@ def test_a_timed_out_mode_keeps_its_finished_points(tmp_path, monkeypatch, capsy
             json.dump({"mode": mode, "ok": True, "startup_s": 1.0, "phases": phases}, f)
         return 0
 
-    monkeypatch.setattr(bv, "run_logged", fake_run_logged)
-    monkeypatch.setattr(bv, "model_paths", lambda a: (None, None))
-    monkeypatch.setattr(bv, "_hardware", lambda: "stand-in")
-    monkeypatch.setattr(bv, "_versions", lambda: {})
+    monkeypatch.setattr(engine, "run_logged", fake_run_logged)
+    monkeypatch.setattr(verify_child, "model_paths", lambda a: (None, None))
+    monkeypatch.setattr(engine, "hardware", lambda: "stand-in")
+    monkeypatch.setattr(engine, "versions", lambda: {})
     out = tmp_path / "r.json"
     monkeypatch.setattr(sys, "argv", ["bench_verify.py", "--contexts", "1024", "--batch-sizes", "1,4",
                                       "--out", str(out), "--log-dir", str(tmp_path / "logs")])
-    assert bv.main() == 1  # a mode failed: the run still fails
+    assert verify_cli.main() == 1  # a mode failed: the run still fails
     data = json.loads(out.read_text())
     r1, r4 = data["rows"]
     assert r1["ours_verify_ms"] == 13.287 and r1["ours_verify_per_decode"] == round(13.287 / 15.3, 3)
@@ -96,7 +98,7 @@ def test_merge_a_run_a_killed_modes_log_and_a_later_baseline(tmp_path, capsys):
     plain = _result(tmp_path / "plain.json", {
         "plain": {"mode": "plain", "ok": True, "startup_s": 30.7, "phases": [_phase(1024, 1, decode=15.3)]}})
     out = tmp_path / "merged.json"
-    assert bv.main(["--merge", first, log, plain, "--out", str(out)]) == 0
+    assert verify_cli.main(["--merge", first, log, plain, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = {(r["context"], r["bs"]): r for r in data["rows"]}
     assert set(rows) == {(1024, 1), (1024, 32), (16384, 1), (16384, 32)}  # the union of the points
@@ -120,7 +122,7 @@ def test_merge_joins_one_modes_points_from_several_runs(tmp_path):
     later = _result(tmp_path / "b.json", capture={"plain": {"kind": "plain decode", "seconds": 2.43, "gib": 0.22}}, modes={
         "plain": {"mode": "plain", "ok": True, "startup_s": 30.1, "phases": [_phase(16384, 32, decode=52.4)]}})
     out = tmp_path / "m.json"
-    assert bv.main(["--merge", first, later, "--out", str(out)]) == 0
+    assert verify_cli.main(["--merge", first, later, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = {(r["context"], r["bs"]): r for r in data["rows"]}
     assert rows[(16384, 16)]["decode_ms"] == 31.6 and rows[(16384, 32)]["decode_ms"] == 52.4
@@ -137,7 +139,7 @@ def test_a_log_line_cut_off_by_the_kill_is_skipped(tmp_path):
     text = pathlib.Path(log).read_text()
     cut = text.rindex("BENCH phase ") + 40  # the child killed while printing its last phase
     pathlib.Path(log).write_text(text[:cut] + "\nBENCH phase {\"bs\": 8}\nBENCH startup abcs\n")
-    got = bv.phases_from_log(log)
+    got = results.phases_from_log(log)
     assert [(p["context"], p["bs"]) for p in got["phases"]] == [(1024, 1)] and got["skipped_lines"] == 3
 
 
@@ -146,7 +148,7 @@ def test_a_failed_modes_reason_and_its_logs_points_in_either_order(tmp_path, ord
     failed = _result(tmp_path / "a.json", {"ours": {"mode": "ours", "ok": False, "error": "rc=timeout; "}})
     log = _log(tmp_path / "bench_ours.log", [_phase(1024, 1, verify=13.3)])
     inputs = [failed, log] if order == "json_first" else [log, failed]
-    assert bv.main(["--merge", *inputs, "--out", str(tmp_path / "m.json")]) == 0
+    assert verify_cli.main(["--merge", *inputs, "--out", str(tmp_path / "m.json")]) == 0
     data = json.loads((tmp_path / "m.json").read_text())
     assert data["meta"]["mode_status"]["ours"] == "FAILED (rc=timeout; ), 1 finished points kept from its log"
     assert data["rows"][0]["ours_verify_ms"] == 13.3
@@ -156,7 +158,7 @@ def test_a_failed_run_then_a_run_with_points_shows_both(tmp_path):
     failed = _result(tmp_path / "a.json", {"plain": {"mode": "plain", "ok": False, "error": "rc=timeout; "}})
     later = _result(tmp_path / "b.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 30.1,
                                                     "phases": [_phase(1024, 1, decode=15.3)]}})
-    assert bv.main(["--merge", failed, later, "--out", str(tmp_path / "m.json")]) == 0
+    assert verify_cli.main(["--merge", failed, later, "--out", str(tmp_path / "m.json")]) == 0
     data = json.loads((tmp_path / "m.json").read_text())
     assert data["meta"]["mode_status"]["plain"] == "FAILED (rc=timeout; ) + ok, startup 30.1s"
     assert data["rows"][0]["decode_ms"] == 15.3
@@ -167,7 +169,7 @@ def test_profile_lines_and_an_inputs_own_merged_from_are_kept(tmp_path):
     a = _result(tmp_path / "a.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 1.0,
                                                 "phases": [_phase(1024, 1, decode=1.0)]}},
                 profile_lines=prof, merged_from=[{"path": "first.json"}])
-    assert bv.main(["--merge", a, "--out", str(tmp_path / "m.json")]) == 0
+    assert verify_cli.main(["--merge", a, "--out", str(tmp_path / "m.json")]) == 0
     meta = json.loads((tmp_path / "m.json").read_text())["meta"]
     assert meta["profile_lines"] == prof and meta["merged_from"][0]["merged_from"] == [{"path": "first.json"}]
 
@@ -180,7 +182,7 @@ def test_keyed_sweep_modes_keep_their_points_when_one_num_steps_failed(tmp_path)
         "ours@2": {"mode": "ours", "ok": True, "startup_s": 1.0, "engine_kwargs": ek,
                    "phases": [_phase(1024, 1, verify=2.5)]},
         "plain": {"mode": "plain", "ok": True, "startup_s": 1.0, "phases": [_phase(1024, 1, decode=2.0)]}})
-    assert bv.main(["--merge", a, "--out", str(tmp_path / "m.json")]) == 0
+    assert verify_cli.main(["--merge", a, "--out", str(tmp_path / "m.json")]) == 0
     rows = {r["num_steps"]: r for r in json.loads((tmp_path / "m.json").read_text())["rows"]}
     assert rows[2]["ours_verify_ms"] == 2.5 and rows[1]["ours_verify_ms"] is None
 
@@ -189,7 +191,7 @@ def test_merge_refuses_an_out_that_is_an_input(tmp_path, capsys):
     a = _result(tmp_path / "a.json", {"plain": {"mode": "plain", "ok": True, "startup_s": 1.0,
                                                 "phases": [_phase(1024, 1, decode=1.0)]}})
     before = open(a).read()
-    assert bv.main(["--merge", a, "--out", a]) == 2
+    assert verify_cli.main(["--merge", a, "--out", a]) == 2
     assert "is one of the inputs" in capsys.readouterr().err and open(a).read() == before
 
 
@@ -205,7 +207,7 @@ def test_merge_refuses_an_out_that_is_an_input(tmp_path, capsys):
     ("backend", "different attention_backend"),
     ("log_model", "different models"),
     ("mixed_keys", "mix a --steps sweep's mode@k with plain names"),
-    ("badjson", "not a bench_verify.py --out file"),
+    ("badjson", "not a python -m bench verify --out file"),
 ])
 def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
     up = {"mode": "upstream", "ok": True, "startup_s": 1.0, "engine_kwargs": {"speculative_num_steps": 3},
@@ -245,15 +247,15 @@ def test_merge_refuses_with_one_line(tmp_path, capsys, case, fix):
     else:
         b = str(tmp_path / "b.json")
         open(b, "w").write("{")
-    assert bv.main(["--merge", a, b, "--out", str(tmp_path / "m.json")]) == 2
+    assert verify_cli.main(["--merge", a, b, "--out", str(tmp_path / "m.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("bench_verify.py: --merge") and fix in err[0]
+    assert len(err) == 1 and err[0].startswith("python -m bench merge: --merge") and fix in err[0]
     assert not (tmp_path / "m.json").exists()
 
 
 def test_e2e_per_step_has_no_figure_when_the_one_token_wall_is_longer():
     """A one-off in the 1-token wall (t1 2.7243 s against tn 0.7966 s over 47 steps) gives no
     figure rather than a negative one (-41.0 ms per step)."""
-    assert bv.e2e_ms_per_step(0.7966, 2.7243, 47) is None
-    assert bv.e2e_ms_per_step(0.8302, 0.167, 47) == round(1000 * (0.8302 - 0.167) / 47, 4)
-    assert bv.e2e_ms_per_step(0.5, 0.1, 0) == 400.0  # no verify step counted: over one
+    assert verify_child.e2e_ms_per_step(0.7966, 2.7243, 47) is None
+    assert verify_child.e2e_ms_per_step(0.8302, 0.167, 47) == round(1000 * (0.8302 - 0.167) / 47, 4)
+    assert verify_child.e2e_ms_per_step(0.5, 0.1, 0) == 400.0  # no verify step counted: over one

@@ -21,8 +21,7 @@ from collections import Counter
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import accept_pair as ap  # noqa: E402
+from bench.models import accept_pair as ap
 
 torch = pytest.importorskip("torch")
 EPS = 1e-5  # rms_norm_eps of dummy_models._llama
@@ -638,9 +637,9 @@ def test_the_checkpoint_loads_into_sglangs_llama_and_eagle3_modules(tmp_path):
 
 
 def test_cli_shape_dry_run_and_agreement_errors(tmp_path):
-    script = os.path.join(ROOT, "scripts", "accept_pair.py")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    r = subprocess.run([sys.executable, script, str(tmp_path), "--shape", "llama8b", "--attention",
+    script = ["-m", "bench", "models", "pair"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "python")]))
+    r = subprocess.run([sys.executable, *script, str(tmp_path), "--shape", "llama8b", "--attention",
                         "--dry-run"], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and "llama8b-pair-attn" in r.stdout and "3.2 GiB" in r.stdout, r.stderr
     assert not list(tmp_path.iterdir())
@@ -648,6 +647,6 @@ def test_cli_shape_dry_run_and_agreement_errors(tmp_path):
                           (["--shape", "llama8b", "--agree", "0.3,1.5"], "argument --agree: 0.3,1.5: want shares"),
                           (["--shape", "llama8b", "--agree", ",".join(["0.5"] * 300), "--dry-run"],
                            "--agree: 300 agreement classes: class 0 has 1 ids")):
-        r = subprocess.run([sys.executable, script, str(tmp_path), *bad], capture_output=True,
+        r = subprocess.run([sys.executable, *script, str(tmp_path), *bad], capture_output=True,
                            text=True, timeout=60, env=env)
         assert r.returncode == 2 and fragment in r.stderr.strip().splitlines()[-1], r.stderr

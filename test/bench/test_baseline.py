@@ -1,4 +1,4 @@
-"""CPU tier: ``bench_verify.py --plain-twice`` and ``bench/lib/baseline.py``, the plain-decode
+"""CPU tier: ``python -m bench verify --plain-twice`` and ``bench/lib/baseline.py``, the plain-decode
 baseline measured by two engines in one call.
 
 Failure mode guarded: every verify/decode ratio rests on one plain engine's medians, and one
@@ -14,9 +14,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-import baseline  # noqa: E402
-import bench_verify as bv  # noqa: E402
+from bench.lib import baseline, engine
+from bench.verify import child as verify_child
+from bench.verify import cli as verify_cli
+from bench.verify import table as verify_table
 
 
 def test_combine_keeps_the_lower_median_and_the_drift():
@@ -37,15 +38,15 @@ def _phase(ctx, bs, decode=None, verify=None):
 
 def test_rows_use_the_lower_decode_and_the_table_lists_the_drifting_points():
     """Measured slow plain figures (first engine) against two earlier calls' (second)."""
-    a = bv.parse_args(["--contexts", "1024,16384", "--batch-sizes", "1", "--steps", "5", "--plain-twice"])
+    a = verify_cli.parse_args(["--contexts", "1024,16384", "--batch-sizes", "1", "--steps", "5", "--plain-twice"])
     modes = {"plain": {"phases": [_phase(1024, 1, 1.386), _phase(16384, 1, 1.617)]},
              "plain_end": {"phases": [_phase(1024, 1, 1.031), _phase(16384, 1, 1.619)]},
              "ours": {"phases": [_phase(1024, 1, verify=0.996), _phase(16384, 1, verify=1.216)]}}
-    r1k, r16k = bv.build_rows(a, modes)
+    r1k, r16k = verify_table.build_rows(a, modes)
     assert (r1k["decode_ms"], r1k["decode_drift"], r1k["ours_verify_per_decode"]) == (1.031, -0.2561, 0.966)
     assert (r16k["decode_ms"], r16k["decode_drift"]) == (1.617, 0.0012)
     meta = {"model": "kimi-small", "mode_status": {}, "hardware": "h", "versions": {}, "flags": "", "command": "c"}
-    table = bv.format_table([r1k, r16k], meta)
+    table = verify_table.format_table([r1k, r16k], meta)
     assert ("RESULT baseline: plain decode by two engines (plain, plain_end) at 2 points, decode = the lower "
             "median; 1 of them differ by more than 5% (a listed point wants a rerun); 0 points measured by one "
             "engine only") in table
@@ -64,13 +65,13 @@ def test_the_verdict_does_not_depend_on_which_engine_ran_first():
 def test_a_failed_second_engine_or_a_point_it_missed_is_named():
     """``--plain-twice`` given, but ``plain_end`` died (no figures) or missed a point: the summary
     says so instead of staying silent, and the one-engine points are named."""
-    a = bv.parse_args(["--contexts", "1024,8192", "--batch-sizes", "1", "--plain-twice"])
+    a = verify_cli.parse_args(["--contexts", "1024,8192", "--batch-sizes", "1", "--plain-twice"])
     first = {"phases": [_phase(1024, 1, 1.39), _phase(8192, 1, 1.54)]}
-    rows = bv.build_rows(a, {"plain": first})
+    rows = verify_table.build_rows(a, {"plain": first})
     (line,) = baseline.drift_lines(rows, expected=True)
     assert "at 0 points" in line and "2 points measured by one engine only" in line and "plain_end failed" in line
     assert baseline.drift_lines(rows) == []  # not asked for: nothing printed
-    rows = bv.build_rows(a, {"plain": first, "plain_end": {"phases": [_phase(1024, 1, 1.03)]}})
+    rows = verify_table.build_rows(a, {"plain": first, "plain_end": {"phases": [_phase(1024, 1, 1.03)]}})
     lines = baseline.drift_lines(rows, expected=True)
     assert "at 1 points" in lines[0] and "1 points measured by one engine only" in lines[0]
     assert lines[-1] == "RESULT baseline measured once: ctx=8192 bs=1"
@@ -78,40 +79,40 @@ def test_a_failed_second_engine_or_a_point_it_missed_is_named():
 
 
 def test_the_plain_e2e_column_takes_the_lower_engine_too():
-    a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1", "--plain-twice"])
+    a = verify_cli.parse_args(["--contexts", "1024", "--batch-sizes", "1", "--plain-twice"])
     p1, p2 = _phase(1024, 1, 1.39), _phase(1024, 1, 1.03)
     p1["e2e_ms_per_step"], p2["e2e_ms_per_step"] = 1.44, 1.08
-    (row,) = bv.build_rows(a, {"plain": {"phases": [p1]}, "plain_end": {"phases": [p2]}})
+    (row,) = verify_table.build_rows(a, {"plain": {"phases": [p1]}, "plain_end": {"phases": [p2]}})
     assert row["plain_e2e_ms_per_step"] == 1.08
 
 
 def test_plain_twice_is_refused_where_it_times_nothing(capsys):
-    import bench_capture as bc
+    from bench import capture as bc
 
     with pytest.raises(SystemExit) as e:
-        bv.parse_args(["--plain-twice", "--capture-only"])
+        verify_cli.parse_args(["--plain-twice", "--capture-only"])
     assert e.value.code == 2 and "--capture-only runs no decode" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         bc.parse_args(["--plain-twice"])
-    assert e.value.code == 2 and "bench_capture times captures only" in capsys.readouterr().err
+    assert e.value.code == 2 and "capture times captures only" in capsys.readouterr().err
 
 
 def test_dry_run_lists_the_second_plain_engine(tmp_path, capsys):
-    assert bv.main(["--dry-run", "--plain-twice", "--model", "llama-small", "--models-dir", str(tmp_path)]) == 0
+    assert verify_cli.main(["--dry-run", "--plain-twice", "--model", "llama-small", "--models-dir", str(tmp_path)]) == 0
     out = [ln.split(":")[0] for ln in capsys.readouterr().out.splitlines() if ln.startswith("DRYRUN")]
     assert out == ["DRYRUN ours", "DRYRUN upstream", "DRYRUN plain", "DRYRUN plain_end"]
 
 
 def test_without_the_second_engine_nothing_changes():
-    a = bv.parse_args(["--contexts", "1024", "--batch-sizes", "1"])
-    (row,) = bv.build_rows(a, {"plain": {"phases": [_phase(1024, 1, 1.03)]}})
+    a = verify_cli.parse_args(["--contexts", "1024", "--batch-sizes", "1"])
+    (row,) = verify_table.build_rows(a, {"plain": {"phases": [_phase(1024, 1, 1.03)]}})
     assert row["decode_ms"] == 1.03 and row["decode_drift"] is None and row["decode_ms_second"] is None
     assert baseline.drift_lines([row]) == []
 
 
 def test_plain_twice_needs_plain(capsys):
     with pytest.raises(SystemExit) as e:
-        bv.parse_args(["--modes", "ours,upstream", "--plain-twice"])
+        verify_cli.parse_args(["--modes", "ours,upstream", "--plain-twice"])
     assert e.value.code == 2 and "--plain-twice needs plain in --modes" in capsys.readouterr().err
 
 
@@ -121,7 +122,7 @@ def test_main_starts_the_second_plain_engine_last(tmp_path, monkeypatch, capsys)
     started = []
 
     class FakeEngine:
-        def __init__(self, cmd, stdout, stderr):
+        def __init__(self, cmd, stdout, stderr, **kw):
             mode, out = cmd[cmd.index("--child") + 1], cmd[cmd.index("--child-out") + 1]
             started.append((mode, os.path.basename(out)))
             second = os.path.basename(out) == "bench_plain_end.json"
@@ -133,14 +134,14 @@ def test_main_starts_the_second_plain_engine_last(tmp_path, monkeypatch, capsys)
         def wait(self, timeout=None):
             return 0
 
-    monkeypatch.setattr(bv.subprocess, "Popen", FakeEngine)
-    monkeypatch.setattr(bv, "model_paths", lambda a: (None, None))
-    monkeypatch.setattr(bv, "_hardware", lambda: "stand-in")
-    monkeypatch.setattr(bv, "_versions", lambda: {})
+    monkeypatch.setattr(engine.subprocess, "Popen", FakeEngine)
+    monkeypatch.setattr(verify_child, "model_paths", lambda a: (None, None))
+    monkeypatch.setattr(engine, "hardware", lambda: "stand-in")
+    monkeypatch.setattr(engine, "versions", lambda: {})
     out = tmp_path / "r.json"
     monkeypatch.setattr(sys, "argv", ["bench_verify.py", "--contexts", "1024", "--batch-sizes", "1",
                                       "--plain-twice", "--out", str(out), "--log-dir", str(tmp_path / "logs")])
-    assert bv.main() == 0
+    assert verify_cli.main() == 0
     assert started == [("ours", "bench_ours.json"), ("upstream", "bench_upstream.json"),
                        ("plain", "bench_plain.json"), ("plain", "bench_plain_end.json")]
     text = capsys.readouterr().out

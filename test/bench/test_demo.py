@@ -15,11 +15,13 @@ import sys
 
 import pytest
 
-from sglang_verify_graph import demo, demo_report, demo_server
+from bench.demo import cli as demo
+from bench.demo import report as demo_report
+from bench.lib import server as demo_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
-    [os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    [ROOT, os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
 SPEC_FLAGS = ["--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
               "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
 
@@ -272,10 +274,10 @@ def test_start_failure_is_one_line_with_the_log(tmp_path):
     pytest.importorskip("psutil")
     log = tmp_path / "server_ours.log"
     cmd = [sys.executable, "-c", "import sys; print('RuntimeError: no GPU'); sys.exit(3)"]
-    with pytest.raises(demo_report.DemoError) as ex:
+    with pytest.raises(demo_server.ServerStartError) as ex:
         demo_server.start_server("ours", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 30)
     msg = str(ex.value)
-    assert "\n" not in msg and "exited with code 3" in msg and str(log) in msg
+    assert "\n" not in msg and "the ours server exited with 3" in msg and str(log) in msg
     assert "RuntimeError: no GPU" in msg
 
 
@@ -286,8 +288,9 @@ def test_start_timeout_stops_the_server(tmp_path):
     pidfile = tmp_path / "pid"
     cmd = [sys.executable, "-c",
            f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"]
-    with pytest.raises(demo_report.DemoError) as ex:
-        demo_server.start_server("plain", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 1.5)
+    with pytest.raises(demo_server.ServerStartError) as ex:
+        demo_server.start_server("plain", cmd, dict(os.environ), "http://127.0.0.1:9", str(log), 1.5,
+                                 timeout_flag="--start-timeout")
     assert "not healthy after 2 s (--start-timeout)" in str(ex.value) and str(log) in str(ex.value)
     import psutil
 

@@ -35,9 +35,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-from bench.models import dummy_models as dm  # noqa: E402
-from bench.models import shard_bytes as sb  # noqa: E402
+from bench.models import dummy_models as dm
+from bench.models import shard_bytes as sb
 
 ct = pytest.importorskip("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors",
                          reason="SGLang's compressed-tensors module does not import here")
@@ -53,7 +52,7 @@ FUSED_QKV_A = {"fused_qkv_a_proj_with_mqa": ["q_a_proj", "kv_a_proj_with_mqa"]}
 def models_dir(tmp_path_factory):
     pytest.importorskip("tokenizers")
     out = tmp_path_factory.mktemp("models")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python")] + (
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "python")] + (
         [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     r = subprocess.run([sys.executable, "-m", "bench.models.dummy_models", str(out), "--only",
                         ",".join(TARGETS)], capture_output=True, text=True, timeout=120, env=env)

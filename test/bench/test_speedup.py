@@ -23,11 +23,12 @@ import types
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import accept_pair as ap  # noqa: E402
-import bench_speedup as bs  # noqa: E402
-import speedup_report as sr  # noqa: E402
+from bench.lib import engine
+from bench.models import accept_pair as ap
+from bench.speedup import cli as speedup_cli
+from bench.speedup import estimate, pair
+from bench.speedup import report as sr
+from bench.speedup import run as speedup_run
 
 
 # ------------------------------------------------------------------------------ synthetic phases
@@ -99,11 +100,11 @@ def test_an_input_the_advisor_refuses_is_reported_not_raised():
     assert adv[0]["predicted"] == round(2.0 * 5.0 / 5.5, 3) and "advisor_error" not in adv[0]
     assert adv[1]["predicted"] is None and adv[1]["gap_pct"] is None
     assert "accept_length 6.4 must be in [1, num_steps + 1 = 4]" in adv[1]["advisor_error"]
-    a = bs.parse_args([])
-    rep = bs.report(a, modes, {})
+    a = speedup_cli.parse_args([])
+    rep = speedup_run.report(a, modes, {})
     assert rep["advisor_errors"] == ["ctx=1024 bs=4 class=1 ours: " + adv[1]["advisor_error"]]
     meta = {"mode_status": {"ours": "ok"}, "hardware": "test", "versions": {}, "flags": "", "command": ""}
-    assert "RESULT advisor refused: " + rep["advisor_errors"][0] in bs.result_lines(rep, meta)
+    assert "RESULT advisor refused: " + rep["advisor_errors"][0] in speedup_run.result_lines(rep, meta)
     assert "| 1024 | 4 | 0.55 | ours | 5.000 |" in rep["table_md"]
 
 
@@ -151,7 +152,7 @@ def _run_main(argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            rc = bs.main(argv)
+            rc = speedup_cli.main(argv)
         except SystemExit as ex:
             rc = ex.code
     return rc, out.getvalue(), err.getvalue()
@@ -175,26 +176,26 @@ def test_bad_flag_is_one_line_naming_it(tmp_path, argv, fragment):
 
 
 def test_plan_runs_plain_once_per_point_and_every_class_for_speculation():
-    a = bs.parse_args(["--contexts", "8192,1024", "--batch-sizes", "16,1", "--classes", "2,0"])
-    got = dict(bs.plan(a))
+    a = speedup_cli.parse_args(["--contexts", "8192,1024", "--batch-sizes", "16,1", "--classes", "2,0"])
+    got = dict(estimate.plan(a))
     assert got["plain"] == [(1024, 2, 1), (1024, 2, 16), (8192, 2, 1), (8192, 2, 16)]
     assert got["ours"][:4] == [(1024, 2, 1), (1024, 2, 16), (1024, 0, 1), (1024, 0, 16)] and len(got["ours"]) == 8
     assert got["upstream"] == got["ours"]
 
 
 def test_default_grid_fits_the_budget_with_three_engines():
-    a = bs.parse_args([])
-    bs.check_classes(a, bs.default_maps())
+    a = speedup_cli.parse_args([])
+    pair.check_classes(a, pair.default_maps())
     assert (a.contexts, a.batch_sizes, a.classes, a.modes) == ([1024, 8192], [1, 4, 16], [0, 1, 2, 3],
                                                               ["plain", "upstream", "ours"])
-    est = bs.estimate_s(a, bs.default_maps(), build=True)
+    est = estimate.estimate_s(a, pair.default_maps(), build=True)
     assert a.repeats == 3  # medians of three timed runs per point
     # the H200 run took 438 s (warm cache); under the stage's 540 s with a cold kernel cache (~60 s)
-    assert est["total"] <= 470 and est["engines"] == 3 * bs.START_S and est["build"] == bs.BUILD_S
-    assert bs.estimate_s(a, bs.default_maps(), build=False)["build"] == 0
+    assert est["total"] <= 470 and est["engines"] == 3 * estimate.START_S and est["build"] == estimate.BUILD_S
+    assert estimate.estimate_s(a, pair.default_maps(), build=False)["build"] == 0
     # upstream's verify grows with context and batch, ours' like a decode step
-    assert bs.cycle_ms("upstream", 8192, 16) > 4 * bs.cycle_ms("plain", 8192, 16)
-    assert bs.cycle_ms("ours", 8192, 16) < 1.5 * bs.cycle_ms("plain", 8192, 16)
+    assert estimate.cycle_ms("upstream", 8192, 16) > 4 * estimate.cycle_ms("plain", 8192, 16)
+    assert estimate.cycle_ms("ours", 8192, 16) < 1.5 * estimate.cycle_ms("plain", 8192, 16)
 
 
 # ------------------------------------------------------------------------------ the pair on disk
@@ -209,41 +210,41 @@ def pair_dir(tmp_path):
         c["target_accept_length"] = t
     import dataclasses
 
-    for name, cfg in ((bs.PAIR, tcfg), (bs.PAIR + "-eagle3", dcfg)):
+    for name, cfg in ((pair.PAIR, tcfg), (pair.PAIR + "-eagle3", dcfg)):
         d = mm.write_model(str(tmp_path), name, cfg)
         with open(os.path.join(d, "pair_maps.json"), "w") as f:
             json.dump(dict(maps, shape=dataclasses.asdict(ap.LLAMA8B), agree=list(ap.AGREE_LLAMA8B), seed=0,
                            attention=True), f)
-        open(os.path.join(d, bs.WEIGHTS), "wb").close()
+        open(os.path.join(d, pair.WEIGHTS), "wb").close()
     return str(tmp_path)
 
 
 def test_a_pair_from_another_build_is_built_again(pair_dir):
-    assert bs.pair_ready(pair_dir)
-    path = os.path.join(pair_dir, bs.PAIR, "pair_maps.json")
+    assert pair.pair_ready(pair_dir)
+    path = os.path.join(pair_dir, pair.PAIR, "pair_maps.json")
     maps = json.load(open(path))
     json.dump(dict(maps, agree=[0.5, 0.6, 0.7, 0.8]), open(path, "w"))
-    assert not bs.pair_ready(pair_dir)
+    assert not pair.pair_ready(pair_dir)
     json.dump(maps, open(path, "w"))
-    os.remove(os.path.join(pair_dir, bs.PAIR + "-eagle3", bs.WEIGHTS))
-    assert not bs.pair_ready(pair_dir)
+    os.remove(os.path.join(pair_dir, pair.PAIR + "-eagle3", pair.WEIGHTS))
+    assert not pair.pair_ready(pair_dir)
 
 
 def test_engine_kwargs_load_the_pair_with_speculation_as_asked(pair_dir):
-    a = bs.parse_args(["--pair-dir", pair_dir])
-    kw = {m: bs.engine_kwargs(a, m) for m in bs.MODES}
+    a = speedup_cli.parse_args(["--pair-dir", pair_dir])
+    kw = {m: speedup_run.engine_kwargs(a, m) for m in speedup_run.MODES}
     for m, k in kw.items():
-        assert k["model_path"] == os.path.join(pair_dir, bs.PAIR) and k["load_format"] == "auto", m
+        assert k["model_path"] == os.path.join(pair_dir, pair.PAIR) and k["load_format"] == "auto", m
         assert k["attention_backend"] == "triton" and not k["disable_radix_cache"] and k["context_length"] >= 8192 + 128
     assert "speculative_algorithm" not in kw["plain"]
     for m in ("upstream", "ours"):
         k = kw[m]
         assert (k["speculative_algorithm"], k["speculative_eagle_topk"], k["speculative_num_steps"],
                 k["speculative_num_draft_tokens"]) == ("EAGLE3", 1, 3, 4)
-        assert k["speculative_draft_model_path"] == os.path.join(pair_dir, bs.PAIR + "-eagle3")
+        assert k["speculative_draft_model_path"] == os.path.join(pair_dir, pair.PAIR + "-eagle3")
     assert kw["ours"] == kw["upstream"]  # ours differs by the environment variable only
-    a = bs.parse_args(["--pair-dir", pair_dir, "--engine-extra", '{"load_format": "dummy"}'])
-    assert bs.engine_kwargs(a, "ours")["load_format"] == "dummy"
+    a = speedup_cli.parse_args(["--pair-dir", pair_dir, "--engine-extra", '{"load_format": "dummy"}'])
+    assert speedup_run.engine_kwargs(a, "ours")["load_format"] == "dummy"
 
 
 def test_a_child_result_cut_short_is_a_failed_mode(tmp_path):
@@ -251,10 +252,10 @@ def test_a_child_result_cut_short_is_a_failed_mode(tmp_path):
     the points of the child's log) instead of stopping the run with a traceback."""
     jf = tmp_path / "bench_ours.json"
     jf.write_text('{"mode": "ours", "ok": true, "phases": [{"context": 10')
-    assert bs._read_child(str(jf), "ours") == {"mode": "ours", "ok": False}
-    assert bs._read_child(str(tmp_path / "none.json"), "plain") == {"mode": "plain", "ok": False}
+    assert engine.read_child(str(jf), "ours") == {"mode": "ours", "ok": False}
+    assert engine.read_child(str(tmp_path / "none.json"), "plain") == {"mode": "plain", "ok": False}
     jf.write_text('{"mode": "ours", "ok": true, "phases": []}')
-    assert bs._read_child(str(jf), "ours")["ok"] is True
+    assert engine.read_child(str(jf), "ours")["ok"] is True
 
 
 def test_dry_run_builds_nothing_and_prints_each_engine(tmp_path):
@@ -266,7 +267,7 @@ def test_dry_run_builds_nothing_and_prints_each_engine(tmp_path):
     assert lines[1].startswith("ESTIMATE ~")
     assert [ln.split(":")[0] for ln in lines if ln.startswith("DRYRUN ") and "{" in ln] == [
         "DRYRUN plain", "DRYRUN upstream", "DRYRUN ours"]
-    assert all(json.loads(ln.split(": ", 1)[1])["model_path"] == os.path.join(str(tmp_path), bs.PAIR)
+    assert all(json.loads(ln.split(": ", 1)[1])["model_path"] == os.path.join(str(tmp_path), pair.PAIR)
                for ln in lines if ln.startswith("DRYRUN ") and "{" in ln)
     assert not list(tmp_path.iterdir())
 
@@ -333,7 +334,7 @@ class FakeEngine:
 
 @pytest.fixture()
 def fake_engine(monkeypatch, pair_dir):
-    FakeEngine.maps = bs.load_maps(pair_dir)
+    FakeEngine.maps = pair.load_maps(pair_dir)
     FakeEngine.made = []
     mod = types.ModuleType("sglang.srt.entrypoints.engine")
     mod.Engine = FakeEngine
@@ -352,10 +353,11 @@ def run_parent(monkeypatch):
 
     def run_logged(cmd, log, timeout, child):
         with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-            return bs.main(cmd[2:])
+            assert cmd[1:4] == ["-m", "bench", "speedup"], cmd
+            return speedup_cli.main(cmd[4:])
 
-    monkeypatch.setattr(bs.bench_verify, "run_logged", run_logged)
-    monkeypatch.setattr(bs.bench_verify, "_hardware", lambda: "test")
+    monkeypatch.setattr(engine, "run_logged", run_logged)
+    monkeypatch.setattr(engine, "hardware", lambda: "test")
 
     def run(argv):
         old = signal.getsignal(signal.SIGTERM)
@@ -403,7 +405,7 @@ def test_child_measures_each_point_with_sglangs_counts(fake_engine, tmp_path):
 def test_parent_runs_every_mode_and_writes_rows_advisor_and_tables(fake_engine, tmp_path, monkeypatch, run_parent):
     """The whole run with each mode's child in this process: JSON rows with the speed-ups, the
     advisor rows, the markdown file, RESULT lines, exit 0; a mismatched output makes it exit 1."""
-    assert bs.pair_ready(fake_engine)  # nothing is built here
+    assert pair.pair_ready(fake_engine)  # nothing is built here
     out, md = tmp_path / "res.json", tmp_path / "table.md"
     argv = ["--pair-dir", fake_engine, "--contexts", "64,96", "--batch-sizes", "1,2", "--classes", "0,3",
             "--out", str(out), "--md", str(md), "--log-dir", str(tmp_path / "logs")]

@@ -23,9 +23,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmark"))
-sys.path.insert(0, str(ROOT / "sgl-kernel"))
-import bench_verify_parts as bvp  # noqa: E402
+import bench.parts as bvp
+from bench.parts import cli as parts_cli
 
 
 # ---- arguments and plan ----
@@ -76,7 +75,7 @@ def test_plan_of_the_default_sweep():
 
 
 def test_dry_run_prints_the_plan_without_a_gpu(capsys):
-    assert bvp.main(["--dry-run", "--quick"]) == 0
+    assert parts_cli.main(["--dry-run", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "PLAN attention bs=1 ctx=4096 ndt=[3]" in out
     assert "PLAN moe triton verify bs=16 ndt=3 routing=shared T=48" in out
@@ -278,8 +277,8 @@ def test_moe_and_dense_tables():
 _E2E = r"""
 import json, sys, torch
 from dataclasses import replace
-sys.path.insert(0, {bench!r}); sys.path.insert(0, {kern!r})
-import bench_verify_parts as bvp
+import bench.parts as bvp
+from bench.parts import cli as parts_cli
 
 def once(calls, replays, warmup, min_calls):  # runs every call; no CUDA graph on the CPU
     for f in calls:
@@ -291,7 +290,7 @@ out = {{}}
 if part == "attention":
     shape = replace(bvp.KIMI_K25_TP8, max_context_len=256)   # real MLA widths: 8 heads, 576 / 512
     a = bvp.parse_args(["--batch-sizes", "2", "--contexts", "40", "--ndt", "3"])
-    res = bvp.bench_attention(a, shape, 40, 2, 2, 4, True, device="cpu", dtype=torch.float32, timer=once)
+    res = parts_cli.bench_attention(a, shape, 40, 2, 2, 4, True, device="cpu", dtype=torch.float32, timer=once)
     out["attention"] = [{{k: r[k] for k in ("check", "decode_meta", "ours_kv_splits", "copies", "ndt")}} for r in res]
 else:
     import sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe as fm
@@ -320,14 +319,14 @@ else:
         fc.get_device_name = lambda: "cpu"
     shape = replace(bvp.KIMI_K25_TP8, hidden=64, moe_inter=64, num_experts=4, top_k=2)
     a = bvp.parse_args(["--batch-sizes", "2", "--ndt", "3", "--moe-copies", "2"])
-    bvp._install_sglang_runtime()
-    out["check"] = bvp.check_moe(a, "triton", shape, tokens=3, device="cpu", dtype=torch.float16)
-    holder = bvp._SchemeHolder("triton", shape, 2, 0, device="cpu", dtype=torch.float16)
-    moe = [bvp.bench_moe(a, holder, "decode", 2, 1, "first", timer=once),
-           bvp.bench_moe(a, holder, "verify", 2, 3, "random", timer=once)]
+    parts_cli._install_sglang_runtime()
+    out["check"] = parts_cli.check_moe(a, "triton", shape, tokens=3, device="cpu", dtype=torch.float16)
+    holder = parts_cli._SchemeHolder("triton", shape, 2, 0, device="cpu", dtype=torch.float16)
+    moe = [parts_cli.bench_moe(a, holder, "decode", 2, 1, "first", timer=once),
+           parts_cli.bench_moe(a, holder, "verify", 2, 3, "random", timer=once)]
     out["moe"] = [{{k: m[k] for k in ("role", "tokens", "unique_experts", "unique_experts_per_draw",
                                        "kernel_config", "time")}} for m in moe]
-    dense = [bvp.bench_dense(a, bvp.KIMI_K25_TP8, t, 50 * 2 ** 20, device="cpu", timer=once) for t in (2, 6)]
+    dense = [parts_cli.bench_dense(a, bvp.KIMI_K25_TP8, t, 50 * 2 ** 20, device="cpu", timer=once) for t in (2, 6)]
     att = [{{"bs": 2, "ctx": 40, "ndt": 3, "ours": once([lambda: 0], 0, 0, 0), "decode": once([lambda: 0], 0, 0, 0),
              "upstream": None}}]
     rows = bvp.combine_rows(a, att, moe, dense)
@@ -338,8 +337,9 @@ print("RESULT " + json.dumps(out))
 
 
 def _run_e2e(part: str) -> dict:
-    code = _E2E.format(bench=str(ROOT / "benchmark"), kern=str(ROOT / "sgl-kernel"))
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    code = _E2E.format()
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     r = subprocess.run([sys.executable, "-c", code, part], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout[-2000:] + r.stderr[-4000:])
     return json.loads(r.stdout.split("RESULT ", 1)[1])
@@ -378,8 +378,9 @@ def test_moe_part_end_to_end_in_the_interpreter():
 
 def test_sglang_fused_moe_as_is_in_the_interpreter():
     """Without the stand-ins: runs only if SGLang's fused_moe gains a CPU path."""
-    code = _E2E.format(bench=str(ROOT / "benchmark"), kern=str(ROOT / "sgl-kernel"))
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    code = _E2E.format()
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     r = subprocess.run([sys.executable, "-c", code, "moe-as-is"], env=env, capture_output=True, text=True,
                        timeout=900)
     if r.returncode != 0:
@@ -399,9 +400,9 @@ def _fake_gpu(monkeypatch, attn_err=1e-3):
                         lambda i: SimpleNamespace(L2_cache_size=50 * 2 ** 20, multi_processor_count=132))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "stand-in GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(bvp, "measure_copy_bandwidth",
+    monkeypatch.setattr(parts_cli, "measure_copy_bandwidth",
                         lambda gib, replays: {"bytes_each_side": 1, "time": _t(1.0), "tbps": 4.0})
-    monkeypatch.setattr(bvp, "_install_sglang_runtime", lambda: None)
+    monkeypatch.setattr(parts_cli, "_install_sglang_runtime", lambda: None)
 
     def attention(a, shape, ctx, bs, copies, num_sms, checks, **kw):
         return [{"bs": bs, "ctx": ctx, "ndt": n, "copies": copies, "ours": _t(0.01 * n), "decode": _t(0.02),
@@ -419,19 +420,19 @@ def _fake_gpu(monkeypatch, attn_err=1e-3):
         return {"method": holder.method, "role": role, "bs": bs, "ndt": ndt, "routing": routing, "tokens": t,
                 "unique_experts": bvp.expected_unique_experts_uniform(384, 8, t), "time": _t(0.05 + 0.002 * t)}
 
-    monkeypatch.setattr(bvp, "bench_attention", attention)
-    monkeypatch.setattr(bvp, "_SchemeHolder", Holder)
-    monkeypatch.setattr(bvp, "bench_moe", moe)
-    monkeypatch.setattr(bvp, "check_moe", lambda a, m, shape: {"method": m, "finite": True,
+    monkeypatch.setattr(parts_cli, "bench_attention", attention)
+    monkeypatch.setattr(parts_cli, "_SchemeHolder", Holder)
+    monkeypatch.setattr(parts_cli, "bench_moe", moe)
+    monkeypatch.setattr(parts_cli, "check_moe", lambda a, m, shape: {"method": m, "finite": True,
                                                                "rel_err_vs_fp32_reference": 4e-3})
-    monkeypatch.setattr(bvp, "bench_dense", lambda a, shape, t, l2: {"tokens": t, "ops": {k: _t(0.001 * t)
+    monkeypatch.setattr(parts_cli, "bench_dense", lambda a, shape, t, l2: {"tokens": t, "ops": {k: _t(0.001 * t)
                                                                                          for k in bvp.DENSE_OPS}})
 
 
 def test_run_writes_every_part_and_ends_with_the_layer_table(monkeypatch, tmp_path, capsys):
     _fake_gpu(monkeypatch)
     out = tmp_path / "parts.json"
-    assert bvp.main(["--quick", "--out", str(out)]) == 0
+    assert parts_cli.main(["--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.rstrip().splitlines()[-1].startswith("| 16 | 4096 | 3 |")  # the per-layer table comes last
     assert "REPEAT " in text and "CHECK FAILED" not in text and "ERROR" not in text
@@ -448,5 +449,5 @@ def test_run_writes_every_part_and_ends_with_the_layer_table(monkeypatch, tmp_pa
 
 def test_run_fails_on_a_bad_check(monkeypatch, capsys):
     _fake_gpu(monkeypatch, attn_err=0.5)
-    assert bvp.main(["--quick", "--parts", "attention"]) == 1
+    assert parts_cli.main(["--quick", "--parts", "attention"]) == 1
     assert "CHECK FAILED attention ctx=4096 bs=1 ndt=3" in capsys.readouterr().out

@@ -10,8 +10,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-import capture_log  # noqa: E402
+from bench.lib import capture_log
 
 OURS = ("[2026-12-01 11:14:17] VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=[1, 2, 3, 4, 5, 6, 7, 8, "
         "10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32], num_draft_tokens=4 tokens/request, attention=chain "
@@ -114,13 +113,13 @@ def test_free_memory_after_the_target_graphs_is_the_draft_capture_begin_line(tmp
 
 
 def test_bench_table_prints_the_capture_lines(tmp_path):
-    """``bench_verify.format_table`` (what the GPU job's summary keeps) carries ``meta.capture``."""
-    import bench_verify as bv
+    """``bench.verify.table.format_table`` (what the GPU job's summary keeps) carries ``meta.capture``."""
+    from bench.verify import table as verify_table
 
     meta = {"model": "llama-8b", "mode_status": {"ours": "ok", "upstream": "ok"}, "hardware": "H200",
             "versions": {}, "flags": "-", "command": "-",
             "capture": {"ours": capture_log.target_capture(_log(tmp_path, "o", OURS)),
                         "upstream": capture_log.target_capture(_log(tmp_path, "u", UPSTREAM))}}
-    text = bv.format_table([], meta)
+    text = verify_table.format_table([], meta)
     assert "RESULT capture upstream: upstream verify 2.27 s, 0.210 GiB" in text
     assert "RESULT capture ours / upstream: time 1.60x, memory 0.63x" in text

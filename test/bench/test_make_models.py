@@ -18,12 +18,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WRITE_MODELS = [sys.executable, "-m", "bench.models.dummy_models"]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
-    [os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    [ROOT, os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
 NAMES = ["llama-small", "llama-8b", "kimi-small", "kimi-small-mla", "kimi-k25-small", "kimi-k25-shard",
          "kimi-k25-shard-wrapped"]
-sys.path.insert(0, os.path.join(ROOT, "python"))
-from bench.models import dummy_models as dm  # noqa: E402
-from bench.models import shard_bytes as sb  # noqa: E402
+from bench.models import dummy_models as dm
+from bench.models import shard_bytes as sb
 
 
 @pytest.fixture(scope="module")
