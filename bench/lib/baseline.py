@@ -1,12 +1,12 @@
-"""The plain-decode baseline measured twice in one bench call (``bench_verify.py --plain-twice``).
+"""The plain-decode baseline measured twice in one bench call (``python -m bench verify
+--plain-twice``).
 
-Every verify/decode ratio of ``bench_verify.py`` divides by one plain engine's median decode
-replay. One plain engine start has been measured reading 8-34% slow at 11 of 18 points against
-the plain engines of two earlier calls with the same flags (``docs/benchmarks.md``), while the
-ours and upstream engines beside it read as in those calls: a slow start inflates the
-baseline and flatters every ratio. ``--plain-twice`` starts a second plain engine at the end of
-the call (key ``plain_end``), so the call carries its own check (the same version timed twice; a
-difference smaller than that spread is noise).
+Every verify/decode ratio of ``python -m bench verify`` divides by one plain engine's median
+decode replay, and one plain engine start can read slow at many points while the ours and
+upstream engines beside it do not: a slow start inflates the baseline and flatters every ratio.
+``--plain-twice`` starts a second plain engine at the end of the call (key ``plain_end``), so the
+call carries its own check (the same version timed twice; a difference smaller than that spread
+is noise).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def differs(first: float, second: float, tol: float = DRIFT_TOL) -> bool:
 
 
 def drift_lines(rows: list, expected: bool = False, tol: float = DRIFT_TOL) -> list[str]:
-    """``RESULT baseline`` lines for rows of ``bench_verify.build_rows`` (keys ``context``,
+    """``RESULT baseline`` lines for rows of ``bench.verify.table.build_rows`` (keys ``context``,
     ``bs``, ``decode_ms_first``, ``decode_ms_second``, ``decode_drift``): a summary line, one line
     per (context, bs) point whose two medians differ by more than ``tol`` (``differs``), and the
     points measured by one engine only. ``expected`` (``--plain-twice`` was given): the summary
