@@ -4,8 +4,8 @@ Two kinds of verify attention inside ``VerifyCudaGraphRunner``'s graphs:
 
 * ``chain`` (``--attention-backend triton``): the target's backend becomes
   ``ChainVerifyTritonBackend``, whose TARGET_VERIFY runs the project's split-KV chain kernel
-  (``sgl-kernel/sglang_verify_graph.kernel``). Triton's own verify is an extend kernel with no KV split
-  (the cause measured in ``docs/benchmarks.md``), so this is where the speed-up comes from.
+  (``sglang_verify_graph.kernel``). Triton's own verify is an extend kernel with no KV split, so
+  this is where the speed-up comes from.
 * ``native`` (``fa3``; ``flashmla`` and ``flashinfer`` on MLA targets): the backend's own
   TARGET_VERIFY is already decode-class for a topk=1 chain (FA3's ``flash_attn_with_kvcache`` and
   FlashMLA take ``num_draft_tokens`` queries per request over a split-KV paged cache; SGLang's

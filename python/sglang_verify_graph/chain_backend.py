@@ -10,7 +10,7 @@ every other mode as SGLang's triton backend unchanged:
   ``register_attention_backend("triton")`` registry, see ``plugin.triton_factory``):
   ``ForwardMode.TARGET_VERIFY``; ``seq_lens`` is the prefix, the chain follows it.
 * :class:`ChainDraftExtendTritonBackend`, the *draft*'s draft-extend backend
-  (``DraftBackendFactory.create_draft_extend_backend``, through ``capture.draft_extend_backend_for``):
+  (``DraftBackendFactory.create_draft_extend_backend``, through ``draft_extend.draft_extend_backend_for``):
   ``ForwardMode.DRAFT_EXTEND_V2``, the fixed-width forward of the ``num_draft_tokens`` verified
   tokens per request that SGLang's spec-v2 worker runs after each verify; ``seq_lens`` already
   includes the chain (prefix + ``num_draft_tokens``), and its K/V slots are the verify's

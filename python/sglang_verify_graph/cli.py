@@ -1,26 +1,18 @@
-"""Command-line hooks for ``--enable-verify-cuda-graph``.
+"""Command-line hooks for ``--enable-verify-cuda-graph`` (group ``cli`` of the hook table,
+``hooks.py``, each declared next to its body below).
 
-``plugin.py`` installs these with sglang's ``HookRegistry``
-(``sglang.srt.plugins.hook_registry``), whose wrappers call
+The flag travels one way: the command line (or ``--config`` YAML, or the user's environment)
+-> ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` in ``os.environ`` (:func:`from_cli_args_hook`, before
+``ServerArgs`` is built, so the scheduler processes inherit it) -> ``env.read_env`` -> the config
+(``config.build_config``) -> the model runner's plan (``plan.verify_plan``).
 
-* AFTER hooks as ``hook(result, *args, **kwargs)``,
-* AROUND hooks as ``hook(original, *args, **kwargs)``; for a classmethod target
-  ``original`` is the plain function and ``args[0]`` is the class.
-
-Targets (SGLang 0.5.19 and later validate in ``resolve_once`` instead of ``__post_init__``):
-
-============================================================  ======  ==========================
-``sglang.srt.server_args.ServerArgs.add_cli_args``            AFTER   :func:`add_cli_args_hook`
-``sglang.srt.server_args.ServerArgs.from_cli_args``           AROUND  :func:`from_cli_args_hook`
-``sglang.srt.server_args.ServerArgs.__post_init__`` (<0.5.19)  AFTER  :func:`post_init_hook`
-``sglang.srt.server_args.ServerArgs.resolve_once`` (>=0.5.19)  AFTER  :func:`resolve_once_hook`
-============================================================  ======  ==========================
-
-:func:`post_init_hook` (before 0.5.19) / :func:`resolve_once_hook` (0.5.19 on) is the single validation
-point for both the CLI (``python -m sglang.launch_server ... --enable-verify-cuda-graph``) and the
-Python API (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` + ``sglang.Engine(**kwargs)``): the place where
-that SGLang version resolves the server arguments. From 0.5.19 validation reads the resolved view
-(``sglang_adapter.resolved``), since the record's fields keep the raw input.
+:func:`validate_hook`, AFTER the validation point (``ServerArgs.__post_init__`` before 0.5.19,
+``ServerArgs.resolve_once`` from 0.5.19: where that SGLang version resolves the server arguments),
+is the single validation for both the CLI (``python -m sglang.launch_server ...
+--enable-verify-cuda-graph``) and the Python API (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` +
+``sglang.Engine(**kwargs)``); :func:`check_given_hook`, BEFORE it, checks the values as given, so
+the one line comes first on a machine where SGLang's resolution would fail. From 0.5.19 validation
+reads the resolved view (``sglang_adapter.resolved``), since the record's fields keep the raw input.
 """
 
 from __future__ import annotations
@@ -32,18 +24,16 @@ from typing import Any, Callable, Optional
 
 from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import (
-    ATTR_CONFIG,
-    ATTR_ENABLE,
     ENV_ENABLE,
     ENV_PROFILE_EVERY,
     FLAG,
     UNRESOLVED_MODEL_PATHS,
-    VerifyGraphConfig,
     VerifyGraphConfigError,
     build_config,
     check_given,
     read_env,
 )
+from sglang_verify_graph.hooks import hook
 
 DEST = "enable_verify_cuda_graph"
 """``argparse`` destination of :data:`~sglang_verify_graph.config.FLAG`."""
@@ -92,6 +82,7 @@ HELP = (
 )
 
 
+@hook("cli", adapter.ADD_CLI_ARGS, adapter.HookType.AFTER)
 def add_cli_args_hook(result: Any, parser: argparse.ArgumentParser) -> None:
     """AFTER hook on the staticmethod ``ServerArgs.add_cli_args(parser)``.
 
@@ -116,16 +107,16 @@ def add_cli_args_hook(result: Any, parser: argparse.ArgumentParser) -> None:
     return None
 
 
+@hook("cli", adapter.FROM_CLI_ARGS, adapter.HookType.AROUND)
 def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.Namespace) -> Any:
     """AROUND hook on the classmethod ``ServerArgs.from_cli_args(cls, args)``.
 
     When ``args.enable_verify_cuda_graph`` is set, exports
     ``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1`` into ``os.environ`` *before* building
-    the ``ServerArgs`` (so :func:`post_init_hook` validates it and the spawned
+    the ``ServerArgs`` (so :func:`validate_hook` validates it and the spawned
     scheduler processes inherit it), likewise ``SGLANG_VERIFY_GRAPH_PROFILE_EVERY=N``
     for ``--verify-graph-profile-every N`` (N >= 0; 0 = off; a different value already in the
-    environment is a conflict), then builds it with ``original(cls, args)``
-    and sets the attribute ``_enable_verify_cuda_graph`` on the result.
+    environment is a conflict), then builds it with ``original(cls, args)``.
 
     Args:
         original: the unwrapped ``from_cli_args`` function.
@@ -134,7 +125,7 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
 
     From sglang 0.5.19 ``original`` returns an *unresolved* record, so nothing is
     validated here; the record is marked (:data:`ATTR_FROM_CLI`) and
-    :func:`resolve_once_hook` validates it once SGLang resolves it.
+    :func:`validate_hook` validates it once SGLang resolves it.
 
     Returns:
         The ``ServerArgs`` built by ``original``.
@@ -166,11 +157,8 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
             # Like the flag: the scheduler processes inherit the variable (config.read_env).
             os.environ[ENV_PROFILE_EVERY] = str(int(profile_every))
         server_args = original(cls, args)
-        if requested:
-            setattr(server_args, ATTR_ENABLE, True)
-            if adapter.VALIDATES_AT_CONSTRUCTION:
-                # Validate here too, in case no post-init hook is installed.
-                post_init_hook(None, server_args)
+        if requested and adapter.VALIDATES_AT_CONSTRUCTION:
+            _validate(server_args)  # here too, in case no validation hook is installed
         if not adapter.VALIDATES_AT_CONSTRUCTION:
             # 0.5.19 on: the record is still unresolved; the validation hooks judge it later (a
             # malformed SGLANG_VERIFY_GRAPH_* variable too, flag or not) and end in one line.
@@ -181,39 +169,19 @@ def from_cli_args_hook(original: Callable[..., Any], cls: type, args: argparse.N
     return server_args
 
 
-def post_init_hook(result: Any, server_args: Any) -> None:
-    """AFTER hook on ``ServerArgs.__post_init__(self)``: validate when enabled.
-
-    Runs :func:`~sglang_verify_graph.config.build_config` on the resolved
-    server args. When the feature is on, stores the resulting
-    :class:`~sglang_verify_graph.config.VerifyGraphConfig` in the attribute
-    ``_verify_cuda_graph_config`` and sets ``_enable_verify_cuda_graph = True``
-    (both survive pickling to the scheduler processes). When it is off, does
-    nothing. Placeholder objects (``model_path`` ``"dummy"``/``"none"``, which
-    ``__post_init__`` leaves unresolved) are skipped.
-
-    Args:
-        result: the original's return value (``None``), ignored.
-        server_args: the ``ServerArgs`` instance just resolved.
-
-    Returns:
-        ``None`` (keeps the original's result).
-
-    Raises:
-        VerifyGraphConfigError: the feature is on and a setting conflicts with
-            it, or a ``SGLANG_VERIFY_GRAPH_*`` environment variable is malformed.
-    """
+def _validate(server_args: Any) -> None:
+    """``config.build_config`` on the resolved server args (placeholder objects, ``model_path``
+    ``"dummy"``/``"none"``, which SGLang leaves unresolved, are skipped). Raises
+    VerifyGraphConfigError when the feature is on and a setting conflicts with it, or a
+    ``SGLANG_VERIFY_GRAPH_*`` variable is malformed."""
     model_path = getattr(server_args, "model_path", None)
     if isinstance(model_path, str) and model_path.lower() in UNRESOLVED_MODEL_PATHS:
-        return None
-    config: Optional[VerifyGraphConfig] = build_config(adapter.resolved(server_args))
-    if config is not None:
-        setattr(server_args, ATTR_ENABLE, True)
-        setattr(server_args, ATTR_CONFIG, config)
-    return None
+        return
+    build_config(adapter.resolved(server_args))
 
 
-def pre_resolution_hook(server_args: Any, *args, **kwargs) -> None:
+@hook("cli", adapter.VALIDATION_POINT, adapter.HookType.BEFORE)
+def check_given_hook(server_args: Any, *args, **kwargs) -> None:
     """BEFORE hook on the validation point (``ServerArgs.__post_init__`` before 0.5.19,
     ``ServerArgs.resolve_once`` from 0.5.19): :func:`~sglang_verify_graph.config.check_given` on the
     values as given, before SGLang's resolution (which needs an accelerator) can fail first.
@@ -243,19 +211,23 @@ def _exit_if_from_cli(server_args: Any, check: Callable, *args) -> None:
         raise
 
 
-def resolve_once_hook(result: Any, server_args: Any) -> None:
-    """AFTER hook on ``ServerArgs.resolve_once(self)`` (sglang 0.5.19 on): validate when enabled.
+@hook("cli", adapter.VALIDATION_POINT, adapter.HookType.AFTER)
+def validate_hook(result: Any, server_args: Any) -> None:
+    """AFTER hook on the validation point (``ServerArgs.__post_init__(self)`` before 0.5.19,
+    ``ServerArgs.resolve_once(self)`` from 0.5.19, which the launcher, ``sglang.Engine`` and, as a
+    no-op, every scheduler process call): validate the resolved server args when the feature is
+    on; nothing when it is off.
 
-    0.5.19 and later resolve server arguments in ``resolve_once()`` (called by the launcher, by
-    ``sglang.Engine`` and again, as a no-op, in every scheduler process), not in
-    ``__post_init__``. Runs :func:`post_init_hook` on the record (which reads the resolved view).
+    Returns:
+        ``None`` (keeps the original's result).
 
     Raises:
-        SystemExit: code 2 after one line ``error: <message>`` on stderr when the record was
-            built from the command line (:data:`ATTR_FROM_CLI`), as before 0.5.19.
-        VerifyGraphConfigError: otherwise (``sglang.Engine(**kwargs)``), from the constructor.
+        SystemExit: code 2 after one line ``error: <message>`` on stderr when a 0.5.19+ record was
+            built from the command line (:data:`ATTR_FROM_CLI`).
+        VerifyGraphConfigError: otherwise (before 0.5.19 ``from_cli_args_hook`` turns it into that
+            line; ``sglang.Engine(**kwargs)`` raises it from the constructor).
     """
-    _exit_if_from_cli(server_args, post_init_hook, None, server_args)
+    _exit_if_from_cli(server_args, _validate, server_args)
     return None
 
 
@@ -343,6 +315,7 @@ def check_flag_sources(cli_args: list, config: Any, config_path: str = "config f
             f"unset {ENV_ENABLE} or set '{CONFIG_KEY}: true' in {config_path}")
 
 
+@hook("cli", adapter.CONFIG_MERGER, adapter.HookType.AROUND)
 def merge_config_hook(original: Callable[..., Any], merger: Any, cli_args: list) -> Any:
     """AROUND hook on ``ConfigArgumentMerger.merge_config_with_args(self, cli_args)`` (SGLang's
     ``--config`` YAML support): after SGLang merged (and validated) the file, run

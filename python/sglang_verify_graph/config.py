@@ -8,13 +8,9 @@ server-args objects: anything with the attribute names of sglang 0.5.16's
 0.5.23's resolved view of one, see ``sglang_adapter.resolved``, or a
 ``types.SimpleNamespace``).
 
-Two channels carry "the flag is on":
-
-* the underscore attribute :data:`ATTR_ENABLE` on the ``ServerArgs`` object
-  (set by the CLI hooks; it survives pickling to the scheduler processes), and
-* the environment variable :data:`ENV_ENABLE` (how ``sglang.Engine(...)`` users
-  turn the feature on, since ``Engine`` rejects unknown keyword arguments; it
-  is inherited by spawned scheduler processes).
+One channel carries "the flag is on": the environment variable :data:`ENV_ENABLE`, which the
+command-line hook sets before ``ServerArgs`` is built and ``sglang.Engine(...)`` users set
+themselves (``Engine`` rejects unknown keyword arguments); spawned scheduler processes inherit it.
 
 All environment reading of the project happens in ``env.read_env`` (re-exported here).
 """
@@ -43,12 +39,6 @@ from sglang_verify_graph.env import (  # noqa: F401 (re-exported: config is the 
 )
 from sglang_verify_graph.errors import FLAG, VerifyGraphConfigError  # noqa: F401 (re-exported)
 
-ATTR_ENABLE = "_enable_verify_cuda_graph"
-"""Underscore attribute set to ``True`` on an enabled ``ServerArgs`` object."""
-
-ATTR_CONFIG = "_verify_cuda_graph_config"
-"""Underscore attribute holding the validated :class:`VerifyGraphConfig` (set by the post-init hook)."""
-
 SUPPORTED_ATTENTION_BACKENDS: Tuple[str, ...] = ("triton", "fa3", "flashmla", "flashinfer")
 """Attention backends (resolved ``ServerArgs`` values) the verify graph supports; the policy
 (chain kernel for triton, the backend's own verify for the others) is in ``backends.py``."""
@@ -59,27 +49,11 @@ SUPPORTED_SPECULATIVE_ALGORITHMS: Tuple[str, ...] = ("EAGLE3", "EAGLE")
 # ``ServerArgs.__post_init__`` returns before any resolution for these paths.
 UNRESOLVED_MODEL_PATHS: Tuple[str, ...] = ("none", "dummy")
 
-def is_enabled(server_args: Any, env: Optional[EnvSettings] = None) -> bool:
-    """Whether ``--enable-verify-cuda-graph`` is on for these server args.
-
-    Args:
-        server_args: a ``ServerArgs`` (or duck-typed object); only
-            :data:`ATTR_ENABLE` is read from it.
-        env: parsed environment; ``None`` reads it with :func:`read_env`
-            (only when the attribute is not already true).
-
-    Returns:
-        ``True`` if the attribute :data:`ATTR_ENABLE` is true or the
-        environment flag :data:`ENV_ENABLE` is set.
-
-    Raises:
-        VerifyGraphConfigError: from :func:`read_env` on a malformed variable.
-    """
-    if getattr(server_args, ATTR_ENABLE, False):
-        return True
-    if env is None:
-        env = read_env()
-    return env.enable
+def is_enabled(env: Optional[EnvSettings] = None) -> bool:
+    """Whether ``--enable-verify-cuda-graph`` is on: :data:`ENV_ENABLE` is set to a true value
+    (``env``: the parsed environment; ``None`` reads it with :func:`read_env`). Raises
+    VerifyGraphConfigError from :func:`read_env` on a malformed variable."""
+    return (read_env() if env is None else env).enable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +261,7 @@ def check_given(server_args: Any, env: Optional[EnvSettings] = None) -> None:
     Raises:
         VerifyGraphConfigError: on the first conflicting given setting, or a malformed variable.
     """
-    if not is_enabled(server_args, env):  # reads the environment only when the attribute is off
+    if not is_enabled(env):
         return
     _check_algorithm(server_args)
     topk = getattr(server_args, "speculative_eagle_topk", None)
@@ -336,7 +310,7 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
     """
     if env is None:
         env = read_env()
-    if not is_enabled(server_args, env):
+    if not is_enabled(env):
         return None
     algo = _check_algorithm(server_args)
     steps, topk, ndt = _check_steps(server_args)
@@ -372,22 +346,3 @@ def build_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optiona
         draft_extend_attention=env.draft_extend,
         test_fault=env.test_fault,
     )
-
-
-def get_config(server_args: Any, env: Optional[EnvSettings] = None) -> Optional[VerifyGraphConfig]:
-    """The config stored on ``server_args`` by the post-init hook, else :func:`build_config`.
-
-    Args:
-        server_args: ``ServerArgs`` (possibly unpickled in a scheduler process).
-        env: parsed environment, used only when nothing is stored.
-
-    Returns:
-        The stored or freshly built :class:`VerifyGraphConfig`, or ``None`` when off.
-
-    Raises:
-        VerifyGraphConfigError: as :func:`build_config`, when it has to build.
-    """
-    stored = getattr(server_args, ATTR_CONFIG, None)
-    if isinstance(stored, VerifyGraphConfig):
-        return stored
-    return build_config(server_args, env)

@@ -9,26 +9,12 @@ each took effect. SGLang logs and swallows plugin exceptions, so a failed check 
 requested ends the process with ``SystemExit`` and one clear line instead of silently serving
 upstream's verify graph.
 
-Hooks (``HookRegistry`` kinds: AFTER ``hook(result, *args, **kwargs)``, AROUND
-``hook(original, *args, **kwargs)``), targets in ``sglang_adapter``:
-
-* CLI (every process), bodies in ``cli.py``: ``ServerArgs.add_cli_args`` AFTER (the flags),
-  ``ServerArgs.from_cli_args`` AROUND (records them, one-line errors), the validation point
-  (``ServerArgs.__post_init__`` before 0.5.19, ``ServerArgs.resolve_once`` from 0.5.19; BEFORE: the given
-  values, so the one line comes first on a machine without a GPU; AFTER: the resolved ones) and
-  ``ConfigArgumentMerger.merge_config_with_args`` AROUND (``--config`` YAML conflicts).
-* Runtime (where the flag is on), bodies here: SGLang's ``triton`` attention factory (the EAGLE
-  topk=1 target gets ``ChainVerifyTritonBackend``); ``capture_decode_graph`` (before 0.5.17) /
-  ``ModelRunner._decode_cuda_graph_runner_cls`` (0.5.17 on) AROUND (the target gets
-  ``VerifyCudaGraphRunner``); ``ModelRunner._forward_raw`` AROUND (counts each verify that did
-  not replay our graph, and eager draft extends); ``EAGLEWorkerV2.verify`` AROUND (SGLang's own
-  count of verify steps, the counters' cross-check); ``DraftBackendFactory.create_draft_extend_backend``
-  AROUND (the draft gets ``ChainDraftExtendTritonBackend``); ``EAGLEDraftExtendCudaGraphRunner.execute``
-  AROUND (counts draft-extend replays; the self-test's probe); ``build_eagle_verify_input`` AROUND
-  (QLEN_ONLY tree mask);
-  ``Scheduler.get_internal_state`` AFTER (counters for ``/get_server_info``).
-* Profile (``SGLANG_VERIFY_GRAPH_PROFILE_EVERY`` > 0, with or without the flag), bodies in
-  ``profile_hooks.py``; host-sync check (``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1``), bodies here.
+Hooks: the table of ``hooks.py`` (``python -m sglang_verify_graph.hooks`` prints it), each
+declared next to its body: the CLI hooks in ``cli.py``, the runtime hooks here, the profile hooks
+in ``profile_hooks.py``, the host-sync check's in ``debug/hooks.py``. The runtime hooks ask the
+model runner's plan (``plan.verify_plan``, decided once per runner) and reach the runtime core
+(torch, Triton, SGLang's model executor) only when called: ``register()`` also runs in the HTTP
+main process, which loads plugins before it parses arguments and needs only the CLI hooks.
 """
 
 from __future__ import annotations
@@ -37,65 +23,82 @@ import logging
 import sys
 from typing import Callable
 
-from sglang_verify_graph import cli, profile_hooks
+from sglang_verify_graph import cli, hooks
 from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import ENV_ENABLE, ENV_PROFILE_EVERY, ENV_SYNC_CHECK, FLAG, read_env
 from sglang_verify_graph.counters import get_counters
 from sglang_verify_graph.errors import VerifyGraphConfigError
-from sglang_verify_graph.debug.sync_check import get_sync_check, peek_sync_check
+from sglang_verify_graph.hooks import hook
 
 logger = logging.getLogger("sglang_verify_graph")
+AROUND, AFTER = adapter.HookType.AROUND, adapter.HookType.AFTER
 
-Hook = tuple[str, Callable, adapter.HookType]
+
+def _plan():
+    """``plan`` (config, backends; light), imported at the first runtime hook call."""
+    from sglang_verify_graph import plan
+
+    return plan
 
 
-def _capture():
-    """The runtime core (``capture`` and below: torch, Triton, SGLang's model executor), imported
-    at the first runtime hook call rather than here: ``register()`` also runs in the HTTP main
-    process, which loads plugins before it parses arguments and needs only the CLI hooks."""
-    from sglang_verify_graph import capture
+def _runner_cls():
+    """``VerifyCudaGraphRunner`` (the runtime core: torch, Triton, SGLang's model executor)."""
+    from sglang_verify_graph.runner import VerifyCudaGraphRunner
 
-    return capture
+    return VerifyCudaGraphRunner
+
+
+def _draft_extend():
+    from sglang_verify_graph import draft_extend
+
+    return draft_extend
 
 
 # ---- runtime hooks --------------------------------------------------------------------------
 def triton_factory(original: Callable) -> Callable:
-    """SGLang's ``triton`` attention factory, wrapped: the EAGLE topk=1 target with the flag on
-    gets ``ChainVerifyTritonBackend``; every other model runner gets ``original(runner)``."""
+    """SGLang's ``triton`` attention factory, wrapped: a model runner whose plan is the chain
+    kernel (the EAGLE topk=1 target with the flag on) gets ``ChainVerifyTritonBackend``; every
+    other model runner gets ``original(runner)``."""
 
     def create_triton_backend(runner):
-        capture = _capture()
-        cfg = capture.config_for(runner) if adapter.is_eagle_topk1_target(runner) else None
-        return original(runner) if cfg is None else capture.ChainVerifyTritonBackend(runner, cfg)
+        plan = _plan().verify_plan(runner)
+        if plan.kind != "chain":
+            return original(runner)
+        from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
+
+        return ChainVerifyTritonBackend(runner, plan.config)
 
     return create_triton_backend
 
 
+@hook("runtime", None if adapter.RUNNER_CLS_HOOK else adapter.CAPTURE_DECODE_GRAPH, AROUND)
 def capture_decode_graph_hook(original: Callable, *args, **kwargs):
-    """Before 0.5.17, AROUND ``capture_decode_graph(model_runner=...)``: capture VerifyCudaGraphRunner
-    for the EAGLE topk=1 target whose attention backend the verify graph serves
-    (``capture.verify_runner_kind``); otherwise upstream's."""
+    """Before 0.5.17, AROUND ``capture_decode_graph(model_runner=...)``: capture
+    ``VerifyCudaGraphRunner(model_runner)`` for the EAGLE topk=1 target whose attention backend
+    the verify graph serves (``plan.runner_kind``); otherwise upstream's."""
     model_runner = kwargs.get("model_runner", args[0] if args else None)
-    capture = _capture()
-    if capture.verify_runner_kind(model_runner) is None:
-        capture.refuse_if_flag_lost(model_runner)
+    plan = _plan()
+    if plan.runner_kind(model_runner) is None:
+        plan.refuse_if_flag_lost(model_runner)
         return original(*args, **kwargs)
-    runner, mem = capture.capture_verify_runner(model_runner)
-    return adapter.decode_graph_capture(runner, mem)
+    runner = _runner_cls()(model_runner)
+    return adapter.decode_graph_capture(runner, runner.counters.graph_mem_gib)
 
 
+@hook("runtime", adapter.DECODE_RUNNER_CLS if adapter.RUNNER_CLS_HOOK else None, AROUND)
 def decode_runner_cls_hook(original: Callable, model_runner, *args, **kwargs):
     """0.5.17 on, AROUND ``ModelRunner._decode_cuda_graph_runner_cls(self)``: the EAGLE topk=1
-    target whose attention backend the verify graph serves gets our runner class; otherwise
-    upstream's."""
+    target whose attention backend the verify graph serves gets ``VerifyCudaGraphRunner`` (SGLang
+    then builds it as ``cls(model_runner)``); otherwise upstream's."""
     cls = original(model_runner, *args, **kwargs)
-    capture = _capture()
-    if capture.verify_runner_kind(model_runner) is not None and adapter.is_eagle_topk1_target(model_runner):
-        return capture.VerifyCudaGraphRunnerFromModelRunner
-    capture.refuse_if_flag_lost(model_runner)
+    plan = _plan()
+    if plan.runner_kind(model_runner) is not None:
+        return _runner_cls()
+    plan.refuse_if_flag_lost(model_runner)
     return cls
 
 
+@hook("runtime", adapter.FORWARD_RAW, AROUND)
 def forward_raw_hook(original: Callable, model_runner, forward_batch, *args, **kwargs):
     """AROUND ``ModelRunner._forward_raw(self, forward_batch, ...)``: a TARGET_VERIFY forward of
     a model runner that holds our runner, which did not replay our graph (eager, or another
@@ -104,7 +107,7 @@ def forward_raw_hook(original: Callable, model_runner, forward_batch, *args, **k
     go through ``EAGLEDraftExtendCudaGraphRunner.execute``, never here) as an eager draft extend."""
     mode = forward_batch.forward_mode
     if mode.is_draft_extend_v2():
-        _capture().count_eager_draft_extend(model_runner)
+        _draft_extend().count_eager_draft_extend(model_runner)
         return original(model_runner, forward_batch, *args, **kwargs)
     runner = getattr(model_runner, "decode_cuda_graph_runner", None)
     counters = getattr(runner, "counters", None)
@@ -117,6 +120,7 @@ def forward_raw_hook(original: Callable, model_runner, forward_batch, *args, **k
     return out
 
 
+@hook("runtime", adapter.VERIFY, AROUND)
 def verify_step_hook(original: Callable, worker, batch, *args, **kwargs):
     """AROUND ``EAGLEWorkerV2.verify(self, batch, ...)``: SGLang's own count of verify steps and
     their requests (``batch.batch_size()``), taken before the model runner decides how to run
@@ -127,117 +131,52 @@ def verify_step_hook(original: Callable, worker, batch, *args, **kwargs):
     return original(worker, batch, *args, **kwargs)
 
 
+@hook("runtime", adapter.CREATE_DRAFT_EXTEND_BACKEND, AROUND)
 def draft_extend_backend_hook(original: Callable, factory, *args, **kwargs):
     """AROUND ``DraftBackendFactory.create_draft_extend_backend(self)``: with the flag on, the
     draft's triton draft-extend backend becomes ``ChainDraftExtendTritonBackend``
-    (``capture.draft_extend_backend_for``); any other backend is returned unchanged."""
+    (``draft_extend.draft_extend_backend_for``); any other backend is returned unchanged."""
     backend = original(factory, *args, **kwargs)
-    return _capture().draft_extend_backend_for(factory.draft_model_runner, backend)
+    return _draft_extend().draft_extend_backend_for(factory.draft_model_runner, backend)
 
 
+@hook("runtime", adapter.DRAFT_EXTEND_EXECUTE, AROUND)
 def draft_extend_execute_hook(original: Callable, runner, forward_batch, *args, **kwargs):
     """AROUND ``EAGLEDraftExtendCudaGraphRunner.execute(self, forward_batch, ...)``: a replay of a
     draft-extend graph served by the chain kernel is counted (``raw_bs`` padded to ``bs``) and
     passed to the runner's probe (the self-test when it is on)."""
-    return _capture().execute_draft_extend(original, runner, forward_batch, *args, **kwargs)
+    return _draft_extend().execute_draft_extend(original, runner, forward_batch, *args, **kwargs)
 
 
+@hook("runtime", adapter.BUILD_VERIFY_INPUT, AROUND)
 def build_verify_input_hook(original: Callable, *args, **kwargs):
     """AROUND ``build_eagle_verify_input``: a topk=1 chain verified by the chain kernel needs no
     tree mask, so ask for SGLang's smallest mask mode (QLEN_ONLY: bs * ndt^2 bools) instead of
     FULL_MASK (ndt * (seq_len + ndt) bools per request, memset every step)."""
     target = kwargs.get("target_worker")
     if (target is not None and kwargs.get("topk") == 1
-            and _capture().uses_chain_backend(target.model_runner)):
+            and _plan().runner_kind(target.model_runner) == "chain"):
         kwargs["tree_mask_mode"] = adapter.qlen_only_tree_mask_mode()
     return original(*args, **kwargs)
 
 
+@hook("runtime", adapter.GET_INTERNAL_STATE, AFTER)
 def internal_state_hook(result, *args, **kwargs):
-    """AFTER ``Scheduler.get_internal_state``: add this rank's counters (and the sync check's) to
-    the returned ``internal_state`` dict (what ``/get_server_info`` serves)."""
+    """AFTER ``Scheduler.get_internal_state``: add this rank's counters to the returned
+    ``internal_state`` dict as ``verify_cuda_graph`` (what ``/get_server_info`` serves)."""
     state = getattr(result, "internal_state", result)
-    if isinstance(state, dict):
-        counters, check = get_counters(), peek_sync_check()
-        if counters is not None:
-            state["verify_cuda_graph"] = counters.snapshot()
-        if check is not None:
-            state["verify_sync_check"] = check.snapshot()
+    counters = get_counters()
+    if isinstance(state, dict) and counters is not None:
+        state["verify_cuda_graph"] = counters.snapshot()
     return result
-
-
-def sync_check_hook(original: Callable, *args, **kwargs):
-    """AROUND ``EAGLEWorkerV2.verify`` (``SGLANG_VERIFY_GRAPH_SYNC_CHECK=1``, tests only): count
-    synchronizing CUDA calls inside the verify step (``sync_check.py``)."""
-    return get_sync_check().run(original, *args, **kwargs)
-
-
-def top_p_renorm_hook(original: Callable, *args, **kwargs):
-    """AROUND ``sgl_kernel.top_p_renorm_prob`` (sync check only): count the call in a verify step."""
-    get_sync_check().note("top_p_renorm_prob")
-    return original(*args, **kwargs)
-
-
-def top_k_renorm_hook(original: Callable, *args, **kwargs):
-    """AROUND ``sgl_kernel.top_k_renorm_prob`` (sync check only): count the call in a verify step."""
-    get_sync_check().note("top_k_renorm_prob")
-    return original(*args, **kwargs)
-
-
-# ---- hook tables ----------------------------------------------------------------------------
-def cli_hooks() -> list[Hook]:
-    validate = cli.resolve_once_hook if adapter.RESOLVE_ONCE else cli.post_init_hook
-    return [
-        (adapter.ADD_CLI_ARGS, cli.add_cli_args_hook, adapter.HookType.AFTER),
-        (adapter.FROM_CLI_ARGS, cli.from_cli_args_hook, adapter.HookType.AROUND),
-        (adapter.VALIDATION_POINT, cli.pre_resolution_hook, adapter.HookType.BEFORE),
-        (adapter.VALIDATION_POINT, validate, adapter.HookType.AFTER),
-        (adapter.CONFIG_MERGER, cli.merge_config_hook, adapter.HookType.AROUND),
-    ]
-
-
-def runtime_hooks() -> list[Hook]:
-    graph = ((adapter.DECODE_RUNNER_CLS, decode_runner_cls_hook, adapter.HookType.AROUND) if adapter.RUNNER_CLS_HOOK
-             else (adapter.CAPTURE_DECODE_GRAPH, capture_decode_graph_hook, adapter.HookType.AROUND))
-    return [
-        graph,
-        (adapter.FORWARD_RAW, forward_raw_hook, adapter.HookType.AROUND),
-        (adapter.VERIFY, verify_step_hook, adapter.HookType.AROUND),
-        (adapter.CREATE_DRAFT_EXTEND_BACKEND, draft_extend_backend_hook, adapter.HookType.AROUND),
-        (adapter.DRAFT_EXTEND_EXECUTE, draft_extend_execute_hook, adapter.HookType.AROUND),
-        (adapter.BUILD_VERIFY_INPUT, build_verify_input_hook, adapter.HookType.AROUND),
-        (adapter.GET_INTERNAL_STATE, internal_state_hook, adapter.HookType.AFTER),
-    ]
-
-
-def profile_hooks_table() -> list[Hook]:
-    return [
-        (adapter.CYCLE, profile_hooks.profile_cycle_hook, adapter.HookType.AROUND),
-        (adapter.DRAFT, profile_hooks.profile_draft_hook, adapter.HookType.AROUND),
-        (adapter.VERIFY, profile_hooks.profile_verify_hook, adapter.HookType.AROUND),
-        (adapter.DRAFT_EXTEND, profile_hooks.profile_draft_extend_hook, adapter.HookType.AROUND),
-    ]
-
-
-def sync_check_hooks() -> list[Hook]:
-    """The verify-step wrapper, the internal-state report and, where ``sgl_kernel`` is installed
-    (not on a CPU-only machine), the renorm-kernel counters."""
-    hooks = [(adapter.VERIFY, sync_check_hook, adapter.HookType.AROUND),
-             (adapter.GET_INTERNAL_STATE, internal_state_hook, adapter.HookType.AFTER)]
-    if adapter.sgl_kernel_installed():
-        hooks += [(adapter.TOP_P_RENORM, top_p_renorm_hook, adapter.HookType.AROUND),
-                  (adapter.TOP_K_RENORM, top_k_renorm_hook, adapter.HookType.AROUND)]
-    return hooks
 
 
 def install(runtime: bool, profile: bool = False, sync_check: bool = False) -> list[str]:
     """Install the CLI hooks (and the runtime ones when ``runtime``, the profile ones when
     ``profile``, the host-sync check when ``sync_check``) and return the targets that did NOT
     take effect (empty when all is well)."""
-    hooks = cli_hooks() + (runtime_hooks() if runtime else []) + (profile_hooks_table() if profile else [])
-    if sync_check:
-        hooks += [h for h in sync_check_hooks() if h not in hooks]
-    missing = adapter.install_hooks(hooks)
+    groups = ("cli",) + ("runtime",) * runtime + ("profile",) * profile + ("sync_check",) * sync_check
+    missing = adapter.install_hooks(h.triple() for h in hooks.table(groups))
     if runtime:
         try:
             adapter.install_attention_factory("triton", triton_factory)

@@ -14,7 +14,9 @@ from sglang_verify_graph import metrics as metrics_module
 from sglang_verify_graph import profile
 from sglang_verify_graph.config import read_env
 from sglang_verify_graph.counters import get_counters
+from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.compat.sglang_adapter import resolved
+from sglang_verify_graph.hooks import hook
 
 logger = logging.getLogger("sglang_verify_graph")
 
@@ -100,6 +102,7 @@ def host_accept_lens(result) -> HostAcceptLens:
     return HostAcceptLens(result)
 
 
+@hook("profile", adapter.CYCLE, adapter.HookType.AROUND)
 def profile_cycle_hook(original: Callable, worker, *args, **kwargs):
     """AROUND ``EAGLEWorkerV2.forward_batch_generation``: one profiled cycle per decode batch."""
     if not _is_decode_cycle(_batch_arg(args, kwargs)):
@@ -115,8 +118,8 @@ def profile_cycle_hook(original: Callable, worker, *args, **kwargs):
     return result
 
 
-def _phase_hook(phase: str) -> Callable:
-    def hook(original: Callable, *args, **kwargs):
+def _phase_hook(phase: str, target: str) -> Callable:
+    def phase_hook(original: Callable, *args, **kwargs):
         prof = _PROFILER
         if prof is None or not prof.in_cycle:
             return original(*args, **kwargs)
@@ -126,10 +129,10 @@ def _phase_hook(phase: str) -> Callable:
         finally:
             prof.end(phase)
 
-    hook.__name__ = hook.__qualname__ = f"profile_{phase}_hook"
-    return hook
+    phase_hook.__name__ = phase_hook.__qualname__ = f"profile_{phase}_hook"
+    return hook("profile", target, adapter.HookType.AROUND)(phase_hook)
 
 
-profile_draft_hook = _phase_hook("draft")
-profile_verify_hook = _phase_hook("verify")
-profile_draft_extend_hook = _phase_hook("draft_extend")
+profile_draft_hook = _phase_hook("draft", adapter.DRAFT)
+profile_verify_hook = _phase_hook("verify", adapter.VERIFY)
+profile_draft_extend_hook = _phase_hook("draft_extend", adapter.DRAFT_EXTEND)

@@ -14,11 +14,17 @@ pool, replay. What differs from upstream's graphed TARGET_VERIFY:
 * every replay is counted here and every eager fallback where SGLang dispatches it
   (``plugin.forward_raw_hook``), under the reason :meth:`VerifyCudaGraphRunner.refusal_reason`
   gives; the counters are served by ``/get_server_info``;
-* debug aids (the self-test) are probe objects (``selftest.VerifyProbe``) that do nothing by
-  default.
+* debug aids (the self-test) are probe objects (``debug.probes.VerifyProbe``, made by
+  ``debug.make_verify_probe``) that do nothing by default.
 
-Errors: ``RuntimeError`` when installed on a runner that is not an EAGLE topk=1 target with
-the chain backend or a configured native backend (a wiring bug, never silently ignored).
+One constructor for every supported SGLang release, ``VerifyCudaGraphRunner(model_runner)``, as
+SGLang builds its own decode-graph runner: the config comes from the model runner's plan
+(``plan.verify_plan``), the counters are installed, the capture is timed and its GPU memory
+counted, and a capture that runs out of GPU memory raises :data:`OOM_MESSAGE`.
+
+Errors: ``RuntimeError`` when constructed with keyword arguments or on a runner whose plan is not
+ours with the attention backend it names (a wiring bug, never silently ignored); ``RuntimeError``
+:data:`OOM_MESSAGE` for an out-of-memory capture (the original error chained).
 """
 
 from __future__ import annotations
@@ -26,30 +32,45 @@ from __future__ import annotations
 import logging
 import time
 
-from sglang_verify_graph.compat import sglang_adapter as adapter
-from sglang_verify_graph.buffers import PAD_TOKEN_ID, VerifyStaticBuffers
-from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
-from sglang_verify_graph.config import VerifyGraphConfig
 from sglang_verify_graph import counters as C
-from sglang_verify_graph.debug.selftest import NO_PROBE, GraphSelfTest
+from sglang_verify_graph.buffers import PAD_TOKEN_ID, VerifyStaticBuffers
+from sglang_verify_graph.compat import sglang_adapter as adapter
+from sglang_verify_graph.debug import NO_PROBE, make_verify_probe
+from sglang_verify_graph.plan import CHAIN, expected_backends, runner_kind, verify_plan
 
 logger = logging.getLogger("sglang_verify_graph")
+
+OOM_MESSAGE = (
+    "--enable-verify-cuda-graph: capturing the verify graphs ran out of GPU memory. "
+    "Fix: lower --cuda-graph-max-bs-decode (fewer/smaller buckets) or --mem-fraction-static.")
+"""The one line a capture that runs out of GPU memory raises (as ``RuntimeError``)."""
 
 
 class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):
     """Captures one TARGET_VERIFY graph per bucket of ``capture_bs`` requests x
     ``num_draft_tokens`` tokens and replays it for every verify step that fits."""
 
-    def __init__(self, model_runner, cfg: VerifyGraphConfig, counters: C.VerifyCounters):
+    def __init__(self, model_runner, **kwargs):
+        if kwargs:
+            raise RuntimeError(f"VerifyCudaGraphRunner: unexpected arguments {sorted(kwargs)}")
+        plan, kind = verify_plan(model_runner), runner_kind(model_runner)
         backend = model_runner.attn_backend
-        self.chain = isinstance(backend, ChainVerifyTritonBackend)  # else: the backend's own verify
-        if not self.chain and cfg.verify_attention != "native":
-            raise RuntimeError(f"VerifyCudaGraphRunner needs ChainVerifyTritonBackend, got {type(backend).__name__}")
+        if kind is None:
+            raise RuntimeError(f"VerifyCudaGraphRunner needs {' / '.join(expected_backends(plan)) or 'the flag'}"
+                               f", got {type(backend).__name__}")
+        cfg = plan.config
+        self.chain = kind == CHAIN  # else: the backend's own verify
         self.verify_cfg = cfg
-        self.counters = counters
+        self.counters = counters = C.install_counters(C.VerifyCounters(log_every=cfg.log_every))
         self.probe = NO_PROBE  # capture never loads a batch; the self-test starts after it
+        before = adapter.available_gpu_memory(model_runner)
         t0 = time.perf_counter()
-        super().__init__(model_runner)  # builds buffers and captures (largest bucket first)
+        try:
+            super().__init__(model_runner)  # builds buffers and captures (largest bucket first)
+        except Exception as e:
+            if "out of memory" in str(e).lower():
+                raise RuntimeError(OOM_MESSAGE) from e
+            raise
         if not self.capture_forward_mode.is_target_verify() or self.captured_req_width != cfg.num_draft_tokens:
             raise RuntimeError(
                 f"VerifyCudaGraphRunner captured {self.capture_forward_mode.name} x {self.captured_req_width} "
@@ -66,11 +87,19 @@ class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):
         counters.capture_bs = list(self.capture_bs)
         counters.num_draft_tokens = cfg.num_draft_tokens
         counters.capture_seconds = time.perf_counter() - t0
+        counters.graph_mem_gib = before - adapter.available_gpu_memory(model_runner)
         counters.attention = (f"chain split-KV ({'MLA' if backend.use_mla else 'MHA'})" if self.chain
                               else f"native {cfg.attention_backend} ({type(backend).__name__})")
         logger.debug("verify graph static buffers: %s", self.static_buffers.describe())
-        if cfg.selftest:
-            self.probe = GraphSelfTest(self, inject_nan=cfg.selftest_nan)
+        logger.info(
+            "VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=%s, num_draft_tokens=%d "
+            "tokens/request, attention=%s, %.2f s, %.3f GiB",
+            counters.capture_bs, counters.num_draft_tokens, counters.attention,
+            counters.capture_seconds, counters.graph_mem_gib)
+        cliff = C.eager_cliff_warning(getattr(model_runner, "max_running_requests", None), counters.capture_bs)
+        if cliff:
+            logger.warning("%s", cliff)
+        self.probe = make_verify_probe(self, cfg)
 
     # ---- policy ---------------------------------------------------------------------------
     def can_run_graph(self, forward_batch) -> bool:

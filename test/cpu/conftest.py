@@ -10,7 +10,7 @@ from sglang_verify_graph import config as vg_config
 
 _OUR_ENV = (vg_config.ENV_ENABLE, vg_config.ENV_NUM_KV_SPLITS, vg_config.ENV_LOG_EVERY,
             vg_config.ENV_SELFTEST, vg_config.ENV_PROFILE_EVERY, vg_config.ENV_SELFTEST_NAN,
-            vg_config.ENV_SYNC_CHECK)
+            vg_config.ENV_SYNC_CHECK, "SGLANG_VERIFY_GRAPH_TEST_FAULT", "SGLANG_VERIFY_GRAPH_DRAFT_EXTEND")
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +54,6 @@ def resolved_args(**overrides):
         max_running_requests=48,
         tp_size=1,
     )
-    fields[vg_config.ATTR_ENABLE] = True
     fields.update(overrides)
     return SimpleNamespace(**fields)
 
@@ -94,8 +93,11 @@ def restore_environ():
 
 
 @pytest.fixture
-def make_args():
-    """Factory fixture: ``make_args(**overrides)`` -> :func:`resolved_args` namespace."""
+def make_args(monkeypatch):
+    """Factory fixture: ``make_args(**overrides)`` -> :func:`resolved_args` namespace, with the
+    flag on (``SGLANG_ENABLE_VERIFY_CUDA_GRAPH=1``, as the command-line hook sets it before
+    SGLang builds the server args; a test turns it off with ``monkeypatch.delenv``)."""
+    monkeypatch.setenv(vg_config.ENV_ENABLE, "1")
     return resolved_args
 
 

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_verify_graph import backends, capture
+from sglang_verify_graph import backends
+from sglang_verify_graph import plan as P
 from sglang_verify_graph.config import EnvSettings, VerifyGraphConfigError, build_config
 
 ON = EnvSettings(enable=True)
@@ -109,17 +110,16 @@ def _model_runner(make_args, backend_obj, mla_draft, **overrides):
 
 
 def test_capture_routing_by_backend_class(make_args, mla_draft, monkeypatch):
-    monkeypatch.setattr(capture, "uses_chain_backend", lambda mr: False)
-    assert capture.verify_runner_kind(
+    assert P.runner_kind(
         _model_runner(make_args, FlashMLABackend(), mla_draft)) == "native"
     wrapped = _model_runner(make_args, SomeHybridWrapper(), mla_draft)
-    assert capture.verify_runner_kind(wrapped) is None
+    assert P.runner_kind(wrapped) is None
     with pytest.raises(VerifyGraphConfigError) as info:
-        capture.refuse_if_flag_lost(wrapped)
+        P.refuse_if_flag_lost(wrapped)
     assert info.value.value == "SomeHybridWrapper"
     draft = _model_runner(make_args, FlashMLABackend(), mla_draft)
     draft.is_draft_worker = True  # the draft keeps upstream's runner
-    assert capture.verify_runner_kind(draft) is None
+    assert P.runner_kind(draft) is None
 
 
 # ---- through SGLang's plugin loading and prepare_server_args (real resolution: page 64) ------
@@ -131,7 +131,9 @@ from sglang.srt.server_args import prepare_server_args
 sa = prepare_server_args(sys.argv[1:])
 if hasattr(sa, "resolve_once"):  # sglang 0.5.23 validates here
     sa.resolve_once()
-cfg = sa._verify_cuda_graph_config
+from sglang_verify_graph.compat.sglang_adapter import resolved
+from sglang_verify_graph.config import build_config
+cfg = build_config(resolved(sa))
 print("RESULT", cfg.attention_backend, cfg.verify_attention, cfg.page_size)
 """
 
@@ -294,31 +296,27 @@ def test_a_wrapped_text_config_is_read_for_mla(tmp_path):
 
 def _given(**fields):
     """A server-args object as the command line gives it (only the given fields exist)."""
-    from sglang_verify_graph.config import ATTR_ENABLE
-
-    return SimpleNamespace(**{ATTR_ENABLE: True, "speculative_algorithm": "EAGLE3", **fields})
+    return SimpleNamespace(**{"speculative_algorithm": "EAGLE3", **fields})
 
 
 def test_check_given_judges_only_the_fields_that_were_given():
     from sglang_verify_graph.config import check_given
 
-    check_given(_given(), EnvSettings())  # nothing else given: SGLang's resolution decides
-    check_given(_given(prefill_attention_backend="triton"), EnvSettings())  # one phase only: no pair to compare
+    check_given(_given(), EnvSettings(enable=True))  # nothing else given: SGLang's resolution decides
+    check_given(_given(prefill_attention_backend="triton"), EnvSettings(enable=True))  # one phase only: no pair to compare
     with pytest.raises(VerifyGraphConfigError, match="--prefill-attention-backend"):
-        check_given(_given(prefill_attention_backend="torch_native"), EnvSettings())
+        check_given(_given(prefill_attention_backend="torch_native"), EnvSettings(enable=True))
     # a given cuda_graph_config is resolved later (build_config), the raw flags are judged now
     disabled = SimpleNamespace(decode=SimpleNamespace(backend="disabled"))
-    check_given(_given(cuda_graph_config=disabled), EnvSettings())
+    check_given(_given(cuda_graph_config=disabled), EnvSettings(enable=True))
     with pytest.raises(VerifyGraphConfigError, match="--disable-cuda-graph"):
-        check_given(_given(disable_cuda_graph=True), EnvSettings())
+        check_given(_given(disable_cuda_graph=True), EnvSettings(enable=True))
 
 
-def test_check_given_reads_the_flag_from_the_object_or_the_environment():
-    from sglang_verify_graph.config import ATTR_ENABLE, check_given
+def test_check_given_reads_the_flag_from_the_environment():
+    from sglang_verify_graph.config import check_given
 
-    with pytest.raises(VerifyGraphConfigError, match="--speculative-eagle-topk"):
-        check_given(_given(speculative_eagle_topk=4), EnvSettings(enable=False))
-    off = _given(speculative_eagle_topk=4, **{ATTR_ENABLE: False})
+    off = _given(speculative_eagle_topk=4)
     check_given(off, EnvSettings(enable=False))
     with pytest.raises(VerifyGraphConfigError, match="--speculative-eagle-topk"):
         check_given(off, EnvSettings(enable=True))
@@ -330,12 +328,12 @@ def test_check_given_checks_a_given_backend_against_local_checkpoints(tiny_model
 
     target, draft = tiny_model_dirs
     with pytest.raises(VerifyGraphConfigError, match=r"only for MLA targets .*--attention-backend = flashinfer"):
-        check_given(_given(attention_backend="flashinfer", model_path=target), EnvSettings())
+        check_given(_given(attention_backend="flashinfer", model_path=target), EnvSettings(enable=True))
     with pytest.raises(VerifyGraphConfigError, match="--speculative-draft-attention-backend"):
         check_given(_given(attention_backend="flashmla", model_path=mla_draft,
-                           speculative_draft_model_path=draft), EnvSettings())
+                           speculative_draft_model_path=draft), EnvSettings(enable=True))
     check_given(_given(attention_backend="flashmla", model_path=mla_draft, speculative_draft_model_path=mla_draft),
-                EnvSettings())
+                EnvSettings(enable=True))
 
 
 def test_mla_only_refusals_print_their_exact_lines(make_args, tiny_model_dirs, mla_draft):
@@ -360,7 +358,7 @@ def test_mla_only_refusals_print_their_exact_lines(make_args, tiny_model_dirs, m
 def test_a_draft_path_not_given_is_not_judged(mla_draft):
     from sglang_verify_graph.config import check_given
 
-    check_given(_given(attention_backend="flashmla", model_path=mla_draft), EnvSettings())
+    check_given(_given(attention_backend="flashmla", model_path=mla_draft), EnvSettings(enable=True))
 
 
 def test_an_unknown_backend_kind_names_the_backend():
@@ -385,9 +383,7 @@ def test_an_unsupported_base_backend_is_named_even_when_one_phase_overrides_it(m
 
 
 def test_a_decode_override_on_an_object_without_a_prefill_field_is_named():
-    from sglang_verify_graph.config import ATTR_ENABLE
-
-    args = SimpleNamespace(**{ATTR_ENABLE: True}, speculative_algorithm="EAGLE3", speculative_eagle_topk=1,
+    args = SimpleNamespace(speculative_algorithm="EAGLE3", speculative_eagle_topk=1,
                            speculative_num_steps=3, speculative_num_draft_tokens=4, attention_backend="triton",
                            decode_attention_backend="fa3")
     with pytest.raises(VerifyGraphConfigError) as info:

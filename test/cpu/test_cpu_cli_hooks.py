@@ -8,11 +8,8 @@ import pytest
 from sglang_verify_graph import cli
 from sglang_verify_graph.compat.sglang_adapter import RESOLVE_ONCE
 from sglang_verify_graph.config import (
-    ATTR_CONFIG,
-    ATTR_ENABLE,
     ENV_ENABLE,
     FLAG,
-    VerifyGraphConfig,
     VerifyGraphConfigError,
 )
 
@@ -83,7 +80,7 @@ class _Built:
 
 def test_from_cli_args_exports_env_before_building(server_args_cls, monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli, "post_init_hook", lambda result, sa: None)
+    monkeypatch.setattr(cli, "_validate", lambda sa: None)
 
     def original(cls, args):
         seen["cls"], seen["env"] = cls, os.environ.get(ENV_ENABLE)
@@ -93,14 +90,14 @@ def test_from_cli_args_exports_env_before_building(server_args_cls, monkeypatch)
                                     argparse.Namespace(enable_verify_cuda_graph=True))
     assert seen == {"cls": server_args_cls, "env": "1"}
     assert os.environ[ENV_ENABLE] == "1"
-    assert getattr(result, ATTR_ENABLE) is True
+    assert isinstance(result, _Built)
 
 
 def test_from_cli_args_leaves_everything_alone_when_not_requested(server_args_cls):
     result = cli.from_cli_args_hook(lambda cls, args: _Built(), server_args_cls,
                                     argparse.Namespace(enable_verify_cuda_graph=False))
     assert ENV_ENABLE not in os.environ
-    assert not getattr(result, ATTR_ENABLE, False)
+    assert isinstance(result, _Built)
     # A namespace from a parser without our flag is fine too.
     cli.from_cli_args_hook(lambda cls, args: _Built(), server_args_cls, argparse.Namespace())
 
@@ -125,7 +122,7 @@ def test_from_cli_args_prints_one_line_and_exits_2(server_args_cls, capsys):
                     "validation runs in resolve_once (test_resolve_once_hook_*)")
 def test_from_cli_args_validates_even_without_post_init_hook(server_args_cls, make_args,
                                                               capsys):
-    bad = make_args(speculative_eagle_topk=2, **{ATTR_ENABLE: False})
+    bad = make_args(speculative_eagle_topk=2)
     with pytest.raises(SystemExit) as info:
         cli.from_cli_args_hook(lambda cls, args: bad, server_args_cls,
                                argparse.Namespace(enable_verify_cuda_graph=True))
@@ -143,26 +140,24 @@ def test_from_cli_args_does_not_swallow_other_errors(server_args_cls):
                                argparse.Namespace(enable_verify_cuda_graph=True))
 
 
-def test_post_init_hook_stores_config_when_enabled(make_args):
-    args = make_args()
-    assert cli.post_init_hook(None, args) is None
-    assert isinstance(getattr(args, ATTR_CONFIG), VerifyGraphConfig)
-    assert getattr(args, ATTR_ENABLE) is True
+def test_validate_hook_accepts_a_good_setup(make_args):
+    assert cli.validate_hook(None, make_args()) is None
 
 
-def test_post_init_hook_enabled_by_env(make_args, monkeypatch):
-    args = make_args(**{ATTR_ENABLE: False})
-    cli.post_init_hook(None, args)
-    assert not hasattr(args, ATTR_CONFIG)
+def test_validate_hook_judges_only_with_the_flag_on(make_args, monkeypatch):
+    """The flag travels one way: the environment variable (set by the command-line hook or the
+    user) is what turns validation on; nothing on the server-args object does."""
+    args = make_args(attention_backend="torch_native")
+    monkeypatch.delenv(ENV_ENABLE)
+    assert cli.validate_hook(None, args) is None
     monkeypatch.setenv(ENV_ENABLE, "1")
-    cli.post_init_hook(None, args)
-    assert getattr(args, ATTR_ENABLE) is True
-    assert getattr(args, ATTR_CONFIG).num_draft_tokens == 4
+    with pytest.raises(VerifyGraphConfigError):
+        cli.validate_hook(None, args)
 
 
-def test_post_init_hook_raises_on_bad_settings(make_args):
+def test_validate_hook_raises_on_bad_settings(make_args):
     with pytest.raises(VerifyGraphConfigError) as info:
-        cli.post_init_hook(None, make_args(attention_backend="torch_native"))
+        cli.validate_hook(None, make_args(attention_backend="torch_native"))
     assert info.value.flag == "--attention-backend"
 
 
@@ -170,8 +165,7 @@ def test_post_init_hook_raises_on_bad_settings(make_args):
 def test_post_init_hook_skips_unresolved_placeholders(make_args, monkeypatch, path):
     monkeypatch.setenv(ENV_ENABLE, "1")
     args = make_args(model_path=path, speculative_algorithm=None)
-    cli.post_init_hook(None, args)  # __post_init__ returned early: nothing to validate
-    assert not hasattr(args, ATTR_CONFIG)
+    assert cli.validate_hook(None, args) is None  # __post_init__ returned early: nothing to validate
 
 
 # ---- sglang 0.5.19 on: validation in resolve_once ---------------------------------------------
@@ -180,12 +174,11 @@ only_resolve_once = pytest.mark.skipif(not RESOLVE_ONCE, reason="before 0.5.19 s
 
 @only_resolve_once
 def test_from_cli_args_marks_record_instead_of_validating(server_args_cls, make_args):
-    bad = make_args(speculative_eagle_topk=2, **{ATTR_ENABLE: False})
+    bad = make_args(speculative_eagle_topk=2)
     result = cli.from_cli_args_hook(lambda cls, args: bad, server_args_cls,
                                     argparse.Namespace(enable_verify_cuda_graph=True))
-    assert result is bad
-    assert getattr(bad, ATTR_ENABLE) is True and getattr(bad, cli.ATTR_FROM_CLI) is True
-    assert not hasattr(bad, ATTR_CONFIG)  # nothing validated yet: the record is unresolved
+    assert result is bad  # no SystemExit: nothing validated yet, the record is unresolved
+    assert getattr(bad, cli.ATTR_FROM_CLI) is True
 
 
 @only_resolve_once
@@ -195,19 +188,19 @@ def test_from_cli_args_marks_every_record_but_judges_nothing_when_off(server_arg
     SGLANG_VERIFY_GRAPH_* variable, flag or not) ends in one line; with the flag off and a clean
     environment the validation hooks refuse nothing, whatever the other settings."""
     monkeypatch.delenv(ENV_ENABLE, raising=False)
-    record = make_args(speculative_eagle_topk=4, **{ATTR_ENABLE: False})
+    record = make_args(speculative_eagle_topk=4)
     cli.from_cli_args_hook(lambda cls, args: record, server_args_cls,
                            argparse.Namespace(enable_verify_cuda_graph=False))
     assert getattr(record, cli.ATTR_FROM_CLI) is True
-    assert cli.pre_resolution_hook(record) is None
-    assert cli.resolve_once_hook(None, record) is None
+    assert cli.check_given_hook(record) is None
+    assert cli.validate_hook(None, record) is None
 
 
 @only_resolve_once
 def test_resolve_once_hook_cli_record_prints_one_line_and_exits_2(make_args, capsys):
     bad = make_args(speculative_eagle_topk=2, **{cli.ATTR_FROM_CLI: True})
     with pytest.raises(SystemExit) as info:
-        cli.resolve_once_hook(None, bad)
+        cli.validate_hook(None, bad)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {FLAG}: ") and "--speculative-eagle-topk" in err
@@ -216,12 +209,10 @@ def test_resolve_once_hook_cli_record_prints_one_line_and_exits_2(make_args, cap
 @only_resolve_once
 def test_resolve_once_hook_engine_record_raises(make_args):
     with pytest.raises(VerifyGraphConfigError) as info:
-        cli.resolve_once_hook(None, make_args(speculative_eagle_topk=2))
+        cli.validate_hook(None, make_args(speculative_eagle_topk=2))
     assert info.value.flag == "--speculative-eagle-topk"
 
 
 @only_resolve_once
-def test_resolve_once_hook_stores_config(make_args):
-    args = make_args()
-    assert cli.resolve_once_hook(None, args) is None
-    assert getattr(args, ATTR_CONFIG).num_draft_tokens == 4
+def test_resolve_once_hook_accepts_a_good_engine_record(make_args):
+    assert cli.validate_hook(None, make_args()) is None

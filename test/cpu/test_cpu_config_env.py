@@ -3,7 +3,6 @@
 import pytest
 
 from sglang_verify_graph.config import (
-    ATTR_ENABLE,
     ENV_ENABLE,
     ENV_LOG_EVERY,
     ENV_NUM_KV_SPLITS,
@@ -81,29 +80,22 @@ def test_env_settings_is_frozen():
         read_env({}).enable = True
 
 
-def test_is_enabled_by_attribute_or_env(make_args):
-    on_attr = make_args()
-    off = make_args(**{ATTR_ENABLE: False})
-    assert is_enabled(on_attr, EnvSettings()) is True
-    assert is_enabled(off, EnvSettings()) is False
-    assert is_enabled(off, EnvSettings(enable=True)) is True
-    assert is_enabled(object(), EnvSettings()) is False
+def test_is_enabled_by_the_environment_only():
+    assert is_enabled(EnvSettings()) is False
+    assert is_enabled(EnvSettings(enable=True)) is True
 
 
-def test_is_enabled_reads_environment_when_not_given(monkeypatch, make_args):
-    off = make_args(**{ATTR_ENABLE: False})
-    assert is_enabled(off) is False
+def test_is_enabled_reads_environment_when_not_given(monkeypatch):
+    assert is_enabled() is False
     monkeypatch.setenv(ENV_ENABLE, "1")
-    assert is_enabled(off) is True
-
-
-def test_attribute_short_circuits_a_malformed_environment(monkeypatch, make_args):
+    assert is_enabled() is True
     monkeypatch.setenv(ENV_ENABLE, "garbage")
-    assert is_enabled(make_args()) is True
+    with pytest.raises(VerifyGraphConfigError):
+        is_enabled()
 
 
 def test_env_values_reach_the_config(make_args):
-    cfg = build_config(make_args(), read_env({ENV_NUM_KV_SPLITS: "8", ENV_LOG_EVERY: "25"}))
+    cfg = build_config(make_args(), read_env({ENV_ENABLE: "1", ENV_NUM_KV_SPLITS: "8", ENV_LOG_EVERY: "25"}))
     assert (cfg.num_kv_splits, cfg.log_every) == (8, 25)
 
 

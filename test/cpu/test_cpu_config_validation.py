@@ -7,18 +7,15 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_verify_graph.config import (
-    ATTR_CONFIG,
-    ATTR_ENABLE,
     FLAG,
     SUPPORTED_ATTENTION_BACKENDS,
     EnvSettings,
     VerifyGraphConfig,
     VerifyGraphConfigError,
     build_config,
-    get_config,
 )
 
-ON = EnvSettings(enable=False)  # enabled through the attribute in make_args()
+ON = EnvSettings(enable=True)
 DISABLED_GRAPHS = SimpleNamespace(decode=SimpleNamespace(backend="disabled", max_bs=32, bs=None))
 
 # (id, overrides, flag, shown value, substring of the fix)
@@ -142,13 +139,13 @@ def test_attention_backend_is_checked_before_cuda_graphs(make_args):
 
 
 def test_disabled_returns_none_even_for_bad_settings(make_args):
-    args = make_args(speculative_algorithm=None, attention_backend="fa3",
-                     **{ATTR_ENABLE: False})
+    args = make_args(speculative_algorithm=None, attention_backend="fa3")
     assert build_config(args, EnvSettings(enable=False)) is None
 
 
 def test_env_flag_enables_validation(make_args):
-    args = make_args(speculative_eagle_topk=2, **{ATTR_ENABLE: False})
+    args = make_args(speculative_eagle_topk=2)
+    assert build_config(args, EnvSettings(enable=False)) is None
     with pytest.raises(VerifyGraphConfigError):
         build_config(args, EnvSettings(enable=True))
 
@@ -160,14 +157,6 @@ def test_error_format_and_pickling():
     assert type(clone) is VerifyGraphConfigError
     assert (clone.problem, clone.flag, clone.value, clone.fix) == (err.problem, "--x", 3, "do that")
     assert str(clone) == str(err)
-
-
-def test_get_config_prefers_the_stored_config(make_args):
-    stored = build_config(make_args(), ON)
-    args = make_args(speculative_eagle_topk=4, **{ATTR_CONFIG: stored})
-    assert get_config(args, ON) is stored
-    with pytest.raises(VerifyGraphConfigError):
-        get_config(make_args(speculative_eagle_topk=4), ON)
 
 
 # The whole one line each bad setting prints (after "--enable-verify-cuda-graph: "): what a user
@@ -242,19 +231,20 @@ def test_unset_sizes_default_to_one_and_the_nan_test_needs_the_selftest(make_arg
     assert build_config(make_args(), EnvSettings(enable=True, selftest=True)).selftest_nan is False
 
 
-def test_get_config_builds_with_the_environment_it_was_given(make_args):
-    """Nothing stored (e.g. ``sglang.Engine`` in a process whose os.environ lacks the flag): the
-    given environment decides, not os.environ."""
-    args = make_args(**{ATTR_ENABLE: False})
-    cfg = get_config(args, EnvSettings(enable=True, log_every=5))
+def test_build_config_uses_the_environment_it_was_given(make_args, monkeypatch):
+    """``sglang.Engine`` in a process whose os.environ lacks the flag: the given environment
+    decides, not os.environ."""
+    monkeypatch.delenv("SGLANG_ENABLE_VERIFY_CUDA_GRAPH")
+    args = make_args()
+    cfg = build_config(args, EnvSettings(enable=True, log_every=5))
     assert isinstance(cfg, VerifyGraphConfig) and cfg.log_every == 5
-    assert get_config(args, EnvSettings(enable=False)) is None
+    assert build_config(args, EnvSettings(enable=False)) is None
 
 
 def _bare(**fields):
     """A duck-typed server-args object that has only the given fields (another SGLang version's
     object, or one built by hand): a missing field reads as unset, never as an AttributeError."""
-    return SimpleNamespace(**{ATTR_ENABLE: True, **fields})
+    return SimpleNamespace(**fields)
 
 
 def test_a_bare_object_is_judged_on_what_it_has():

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_verify_graph import capture, plugin
+from sglang_verify_graph import draft_extend as DE
+from sglang_verify_graph import plugin
 from sglang_verify_graph import chain_backend as cb
 from sglang_verify_graph import counters as C
 from sglang_verify_graph.env import ENV_DRAFT_EXTEND, read_env
@@ -102,7 +103,7 @@ def built(monkeypatch):
         def __init__(self, runner, cfg):
             made.append((runner, cfg))
 
-    monkeypatch.setattr(capture, "ChainDraftExtendTritonBackend", Ours)
+    monkeypatch.setattr(DE, "ChainDraftExtendTritonBackend", Ours)
     monkeypatch.setattr(C, "_COUNTERS", None)
     monkeypatch.setattr(C, "_DRAFT_EXTEND_ATTENTION", "")
     return made, Ours
@@ -117,9 +118,9 @@ def _upstream_triton():
 
 def test_draft_gets_the_chain_backend_with_the_flag_on(monkeypatch, built):
     made, ours = built
-    monkeypatch.setattr(capture, "config_for", lambda mr: CFG)
+    monkeypatch.setattr(DE, "flag_config", lambda mr: CFG)
     runner = object()
-    got = capture.draft_extend_backend_for(runner, _upstream_triton())
+    got = DE.draft_extend_backend_for(runner, _upstream_triton())
     assert isinstance(got, ours) and made == [(runner, CFG)]
     assert got.prefill_attention_backend_str == "triton"  # 0.5.23's stamps carried over
     # SGLang builds the draft's backends before it captures the target's graphs (and installs
@@ -134,15 +135,15 @@ def test_draft_keeps_its_backend_otherwise(monkeypatch, built, case):
     made, _ = built
     C.install_counters(C.VerifyCounters())
     cfg = {"flag-off": None, "upstream-chosen": chain_config(draft_extend_attention="upstream")}.get(case, CFG)
-    monkeypatch.setattr(capture, "config_for", lambda mr: cfg)
+    monkeypatch.setattr(DE, "flag_config", lambda mr: cfg)
     backend = _upstream_triton() if case != "not-exactly-triton" else SimpleNamespace()
-    assert capture.draft_extend_backend_for(object(), backend) is backend
+    assert DE.draft_extend_backend_for(object(), backend) is backend
     assert made == [] and "draft_extend" not in C.get_counters().snapshot()
 
 
 def test_factory_hook_hands_the_draft_runner_over(monkeypatch):
     seen = []
-    monkeypatch.setattr(capture, "draft_extend_backend_for", lambda mr, b: seen.append((mr, b)) or "ours")
+    monkeypatch.setattr(DE, "draft_extend_backend_for", lambda mr, b: seen.append((mr, b)) or "ours")
     factory = SimpleNamespace(draft_model_runner="draft-runner")
     assert plugin.draft_extend_backend_hook(lambda self: "upstream", factory) == "ours"
     assert seen == [("draft-runner", "upstream")]
@@ -223,7 +224,7 @@ def test_the_probe_sees_each_replay_with_its_select_index(counters, monkeypatch,
         def after_execute(self, runner, fb, out, select_index=None):
             seen.append(("after", out, select_index))
 
-    monkeypatch.setattr(capture, "draft_extend_probe", lambda runner: Probe())
+    monkeypatch.setattr(DE, "draft_extend_probe", lambda runner: Probe())
     runner, execute = _draft_extend_runner(bs=2, raw_bs=2)
     plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace(), "rows")
     plugin.draft_extend_execute_hook(execute, runner, SimpleNamespace())

@@ -142,7 +142,9 @@ _DRIVER = textwrap.dedent("""
     sa = prepare_server_args(sys.argv[1:])
     if hasattr(sa, "resolve_once"):
         sa.resolve_once()
-    print("RESULT", getattr(sa, "_enable_verify_cuda_graph", None), os.environ.get("%s"))
+    from sglang_verify_graph.compat.sglang_adapter import resolved
+    from sglang_verify_graph.config import build_config
+    print("RESULT", build_config(resolved(sa)) is not None, os.environ.get("%s"))
 """ % ENV_ENABLE)
 
 

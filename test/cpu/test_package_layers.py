@@ -19,9 +19,9 @@ BOTTOM = {"compat.sglang_adapter", "errors"}
 SGLANG_SRT_ALLOWED = {"compat.sglang_adapter"}
 TOP = "plugin"
 DEBUG = "debug"
-# The core modules that may reach the debug wing: the probe factories (runner and draft-extend
-# probes) and the hook table that registers the sync check's hooks when its variable is set.
-DEBUG_ENTRY = {"capture", "runner", "plugin", "debug_hooks"}
+# The core modules that may reach the debug wing: the runner and the draft-extend policy, through
+# the probe factories (the sync check's hooks are declared in the wing and imported by the table).
+DEBUG_ENTRY = {"runner", "draft_extend"}
 MAX_LINES = 400
 
 

@@ -2,7 +2,8 @@
 what ``register`` does when a hook does not take effect (exit 1 with one line when the flag, the
 profile or the sync check is requested; a logged error otherwise; exit 2 for a malformed variable
 when even the CLI hooks fail), and what each runtime hook body does with its arguments.
-SGLang's registry and the runtime core (``capture``) are replaced by recorders, so nothing is
+SGLang's registry and the runtime core (``plan``, ``runner``, ``draft_extend``) are replaced by
+recorders, so nothing is
 patched in this process; the real registry is exercised in fresh interpreters by
 test_hook_installation.py, test_sglang_versions.py and test_cpu_real_server_args.py."""
 
@@ -14,7 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_verify_graph import cli, plugin, profile_hooks
+import inspect
+
+from sglang_verify_graph import cli, hooks, plugin, profile_hooks
+from sglang_verify_graph.debug import hooks as debug_hooks
 from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import FLAG, EnvSettings, VerifyGraphConfigError
 
@@ -43,11 +47,10 @@ def registry(monkeypatch):
 
 
 def _cli_table():
-    validate = cli.resolve_once_hook if adapter.RESOLVE_ONCE else cli.post_init_hook
     return [(adapter.ADD_CLI_ARGS, cli.add_cli_args_hook, AFTER),
             (adapter.FROM_CLI_ARGS, cli.from_cli_args_hook, AROUND),
-            (adapter.VALIDATION_POINT, cli.pre_resolution_hook, BEFORE),
-            (adapter.VALIDATION_POINT, validate, AFTER),
+            (adapter.VALIDATION_POINT, cli.check_given_hook, BEFORE),
+            (adapter.VALIDATION_POINT, cli.validate_hook, AFTER),
             (adapter.CONFIG_MERGER, cli.merge_config_hook, AROUND)]
 
 
@@ -69,31 +72,48 @@ _PROFILE = [(adapter.CYCLE, profile_hooks.profile_cycle_hook, AROUND),
             (adapter.DRAFT_EXTEND, profile_hooks.profile_draft_extend_hook, AROUND)]
 
 
-@pytest.mark.parametrize("runner_cls_hook,resolve_once", [(False, False), (True, False), (True, True)],
-                         ids=["0.5.16-api", "0.5.17-api", "0.5.19-api"])
-def test_hook_kinds_match_the_bodies_signatures(monkeypatch, runner_cls_hook, resolve_once):
-    """An AFTER body takes ``(result, *args)``, an AROUND body ``(original, *args)``, BEFORE the
-    target's own arguments: each table entry pairs a body with the kind it is written for (the
-    tables are spelled out here from the module docstring, not read from the code). The graph
-    hook and the validation body follow the SGLang API (both tables under either)."""
-    monkeypatch.setattr(adapter, "RUNNER_CLS_HOOK", runner_cls_hook)
-    monkeypatch.setattr(adapter, "RESOLVE_ONCE", resolve_once)
-    assert plugin.cli_hooks() == _cli_table()
-    assert plugin.cli_hooks()[3][1] is (cli.resolve_once_hook if resolve_once else cli.post_init_hook)
-    assert plugin.runtime_hooks()[0][0] == (adapter.DECODE_RUNNER_CLS if runner_cls_hook
-                                            else adapter.CAPTURE_DECODE_GRAPH)
-    assert plugin.runtime_hooks() == _runtime_table()
-    assert plugin.profile_hooks_table() == _PROFILE
+def _sync_check_table():
+    renorm = [(adapter.TOP_P_RENORM, debug_hooks.top_p_renorm_hook, AROUND),
+              (adapter.TOP_K_RENORM, debug_hooks.top_k_renorm_hook, AROUND)]
+    return ([(adapter.VERIFY, debug_hooks.sync_check_hook, AROUND)]
+            + (renorm if adapter.sgl_kernel_installed() else [])
+            + [(adapter.GET_INTERNAL_STATE, debug_hooks.sync_check_state_hook, AFTER)])
 
 
-@pytest.mark.parametrize("installed", [True, False], ids=["sgl_kernel", "no_sgl_kernel"])
-def test_sync_check_hooks_count_the_renorm_kernels_only_where_sgl_kernel_exists(monkeypatch, installed):
-    monkeypatch.setattr(adapter, "sgl_kernel_installed", lambda: installed)
-    base = [(adapter.VERIFY, plugin.sync_check_hook, AROUND),
-            (adapter.GET_INTERNAL_STATE, plugin.internal_state_hook, AFTER)]
-    renorm = [(adapter.TOP_P_RENORM, plugin.top_p_renorm_hook, AROUND),
-              (adapter.TOP_K_RENORM, plugin.top_k_renorm_hook, AROUND)]
-    assert plugin.sync_check_hooks() == base + (renorm if installed else [])
+def _triples(*groups):
+    return [h.triple() for h in hooks.table(groups)]
+
+
+def test_the_declared_tables_are_the_expected_ones():
+    """The declarations (``@hook`` next to each body) give this SGLang release's targets: the
+    graph hook and the validation point follow its API."""
+    assert _triples("cli") == _cli_table()
+    assert _triples("runtime") == _runtime_table()
+    assert _triples("profile") == _PROFILE
+    assert _triples("sync_check") == _sync_check_table()
+
+
+def test_every_declared_body_takes_what_its_kind_passes():
+    """An AFTER body takes ``(result, *args)``, an AROUND body ``(original, *args)``, a BEFORE
+    body the target's own arguments (never a ``result`` or ``original`` first)."""
+    for h in hooks.table():
+        first = next(iter(inspect.signature(h.body).parameters))
+        want = {AFTER: "result", AROUND: "original"}.get(h.kind)
+        if want:
+            assert first == want, f"{h.body.__name__} is declared {h.kind.name} but takes {first!r} first"
+        else:
+            assert first not in ("result", "original"), h.body.__name__
+
+
+def test_a_hook_of_an_unknown_group_is_refused():
+    with pytest.raises(ValueError, match="hook group 'runtim'"):
+        hooks.hook("runtim", "a.b", AROUND)
+
+
+def test_the_table_prints_one_line_per_hook():
+    lines = hooks.describe().splitlines()
+    assert len(lines) == len(hooks.table())
+    assert any(line.startswith("runtime ") and "plugin.forward_raw_hook" in line for line in lines)
 
 
 def test_install_cli_only_registers_the_cli_hooks_and_no_factory(registry):
@@ -107,17 +127,11 @@ def test_install_runtime_adds_the_runtime_hooks_and_the_triton_factory(registry)
     assert registry.factories == [("triton", plugin.triton_factory)]
 
 
-def test_install_profile_and_sync_check_add_their_tables_once(registry, monkeypatch):
-    monkeypatch.setattr(adapter, "sgl_kernel_installed", lambda: False)
+def test_install_profile_and_sync_check_add_their_tables_in_order(registry):
     plugin.install(runtime=True, profile=True, sync_check=True)
-    hooks = registry.calls[-1]
-    assert hooks[:len(_cli_table()) + len(_runtime_table())] == _cli_table() + _runtime_table()
-    assert hooks[12:16] == _PROFILE
-    # the internal-state hook is already in the runtime table: registered once
-    assert hooks.count((adapter.GET_INTERNAL_STATE, plugin.internal_state_hook, AFTER)) == 1
-    assert hooks[-1] == (adapter.VERIFY, plugin.sync_check_hook, AROUND) and len(hooks) == 17
+    assert registry.calls[-1] == _cli_table() + _runtime_table() + _PROFILE + _sync_check_table()
     plugin.install(runtime=False, sync_check=True)
-    assert registry.calls[-1] == _cli_table() + plugin.sync_check_hooks()
+    assert registry.calls[-1] == _cli_table() + _sync_check_table()
 
 
 def test_install_reports_missing_targets_and_a_failed_factory(registry):
@@ -133,7 +147,6 @@ def _env(monkeypatch, **fields):
 
 def test_register_installs_what_the_environment_asks_and_logs_it(registry, monkeypatch, caplog):
     _env(monkeypatch, enable=True, profile_every=5)
-    monkeypatch.setattr(adapter, "sgl_kernel_installed", lambda: False)
     with caplog.at_level(logging.INFO, logger="sglang_verify_graph"):
         plugin.register()
     assert registry.calls == [_cli_table() + _runtime_table() + _PROFILE]
@@ -141,7 +154,7 @@ def test_register_installs_what_the_environment_asks_and_logs_it(registry, monke
     registry.calls.clear()
     _env(monkeypatch, sync_check=True)
     plugin.register()
-    assert registry.calls == [_cli_table() + plugin.sync_check_hooks()] and len(registry.factories) == 1
+    assert registry.calls == [_cli_table() + _sync_check_table()] and len(registry.factories) == 1
 
 
 @pytest.mark.parametrize("fields", [dict(enable=True), dict(profile_every=1), dict(sync_check=True), {}],
@@ -256,23 +269,26 @@ class FakeCapture:
 
 @pytest.fixture
 def core(monkeypatch):
+    """``core(**answers)``: one recorder standing in for the runtime core the hooks reach lazily
+    (``plan``, the runner class, ``draft_extend``)."""
     def make(**answers):
         fake = FakeCapture(**answers)
-        monkeypatch.setattr(plugin, "_capture", lambda: fake)
+        monkeypatch.setattr(plugin, "_plan", lambda: fake)
+        monkeypatch.setattr(plugin, "_draft_extend", lambda: fake)
+        monkeypatch.setattr(plugin, "_runner_cls", lambda: fake.answers.get("runner_cls", "OursCls"))
         return fake
     return make
 
 
-@pytest.mark.parametrize("target, cfg, expect", [(True, "CFG", "chain"), (True, None, "upstream"),
-                                                 (False, "CFG", "upstream")])
-def test_triton_factory_gives_the_chain_backend_to_the_configured_target_only(core, monkeypatch, target, cfg, expect):
-    fake = core(config_for=lambda runner: cfg if runner == "MR" else None,
-                ChainVerifyTritonBackend=lambda runner, c: ("chain", runner, c))
-    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda runner: target and runner == "MR")
+@pytest.mark.parametrize("kind", ["chain", "native", "upstream"])
+def test_triton_factory_gives_the_chain_backend_to_a_chain_plan_only(core, monkeypatch, kind):
+    from sglang_verify_graph import chain_backend
+
+    fake = core(verify_plan=lambda runner: SimpleNamespace(kind=kind, config="CFG"))
+    monkeypatch.setattr(chain_backend, "ChainVerifyTritonBackend", lambda runner, c: ("chain", runner, c))
     made = plugin.triton_factory(lambda runner: ("upstream", runner))("MR")
-    assert made == (("chain", "MR", "CFG") if expect == "chain" else ("upstream", "MR"))
-    assert [c[0] for c in fake.calls] == (["config_for"] if target else []) + (
-        ["ChainVerifyTritonBackend"] if expect == "chain" else [])
+    assert made == (("chain", "MR", "CFG") if kind == "chain" else ("upstream", "MR"))
+    assert fake.calls == [("verify_plan", ("MR",), {})]
 
 
 @pytest.mark.parametrize("how", ["kwarg", "positional"])
@@ -280,21 +296,21 @@ def test_capture_decode_graph_hook_captures_ours_or_refuses_a_lost_flag(core, mo
     monkeypatch.setattr(adapter, "decode_graph_capture", lambda runner, mem: ("captured", runner, mem))
     call = (lambda hook, orig: hook(orig, model_runner="MR")) if how == "kwarg" else (
         lambda hook, orig: hook(orig, "MR"))
-    fake = core(verify_runner_kind="chain", capture_verify_runner=lambda mr: (("ours", mr), 1.5))
-    assert call(plugin.capture_decode_graph_hook, lambda *a, **k: "upstream") == ("captured", ("ours", "MR"), 1.5)
-    assert fake.calls[0] == ("verify_runner_kind", ("MR",), {})
-    fake = core(verify_runner_kind=None)
+    ours = lambda mr: SimpleNamespace(mr=mr, counters=SimpleNamespace(graph_mem_gib=1.5))  # noqa: E731
+    fake = core(runner_kind="chain", runner_cls=ours)
+    got = call(plugin.capture_decode_graph_hook, lambda *a, **k: "upstream")
+    assert got[0] == "captured" and got[1].mr == "MR" and got[2] == 1.5
+    assert fake.calls == [("runner_kind", ("MR",), {})]
+    fake = core(runner_kind=None)
     assert call(plugin.capture_decode_graph_hook, lambda *a, **k: ("upstream", a, k)) == (
         ("upstream", (), {"model_runner": "MR"}) if how == "kwarg" else ("upstream", ("MR",), {}))
-    assert [c[0] for c in fake.calls] == ["verify_runner_kind", "refuse_if_flag_lost"]
+    assert [c[0] for c in fake.calls] == ["runner_kind", "refuse_if_flag_lost"]
     assert fake.calls[1][1] == ("MR",)
 
 
-@pytest.mark.parametrize("kind, target, ours", [("chain", True, True), ("chain", False, False), (None, True, False)])
-def test_decode_runner_cls_hook_gives_our_class_to_the_served_target_only(core, monkeypatch, kind, target, ours):
-    monkeypatch.setattr(adapter, "is_eagle_topk1_target", lambda mr: target and mr == "MR")
-    fake = core(verify_runner_kind=lambda mr: kind if mr == "MR" else None)
-    fake.VerifyCudaGraphRunnerFromModelRunner = "OursCls"  # a class attribute, not a call
+@pytest.mark.parametrize("kind, ours", [("chain", True), ("native", True), (None, False)])
+def test_decode_runner_cls_hook_gives_our_class_to_the_served_target_only(core, kind, ours):
+    fake = core(runner_kind=lambda mr: kind if mr == "MR" else None)
     got = plugin.decode_runner_cls_hook(lambda mr, *a, **k: ("UpstreamCls", mr, a, k), "MR", 7, x=1)
     assert got == ("OursCls" if ours else ("UpstreamCls", "MR", (7,), {"x": 1}))
     assert (("refuse_if_flag_lost", ("MR",), {}) in fake.calls) is (not ours)
@@ -324,7 +340,7 @@ def test_forward_raw_hook_passes_arguments_through_for_a_counted_verify():
 def test_build_verify_input_hook_asks_for_the_smallest_mask_for_a_chain_target(core, monkeypatch, topk, chain,
                                                                               asks_qlen_only):
     monkeypatch.setattr(adapter, "qlen_only_tree_mask_mode", lambda: "QLEN_ONLY")
-    core(uses_chain_backend=lambda mr: chain and mr == "MR")
+    core(runner_kind=lambda mr: "chain" if chain and mr == "MR" else None)
     target = SimpleNamespace(model_runner="MR")
     got = plugin.build_verify_input_hook(lambda *a, **k: (a, k), "x", target_worker=target, topk=topk,
                                          tree_mask_mode="FULL_MASK")
@@ -334,16 +350,14 @@ def test_build_verify_input_hook_asks_for_the_smallest_mask_for_a_chain_target(c
         "topk": 1, "tree_mask_mode": "FULL_MASK"}  # no target worker given: unchanged
 
 
-def test_internal_state_hook_adds_the_counters_and_the_sync_check(monkeypatch):
+def test_internal_state_hook_adds_the_counters(monkeypatch):
     monkeypatch.setattr(plugin, "get_counters", lambda: SimpleNamespace(snapshot=lambda: {"replays": 3}))
-    monkeypatch.setattr(plugin, "peek_sync_check", lambda: SimpleNamespace(snapshot=lambda: {"syncs": 0}))
     result = SimpleNamespace(internal_state={"other": 1})
     assert plugin.internal_state_hook(result, "scheduler") is result
-    assert result.internal_state == {"other": 1, "verify_cuda_graph": {"replays": 3}, "verify_sync_check": {"syncs": 0}}
+    assert result.internal_state == {"other": 1, "verify_cuda_graph": {"replays": 3}}
     plain = {}
-    assert plugin.internal_state_hook(plain) is plain and set(plain) == {"verify_cuda_graph", "verify_sync_check"}
+    assert plugin.internal_state_hook(plain) is plain and set(plain) == {"verify_cuda_graph"}
     monkeypatch.setattr(plugin, "get_counters", lambda: None)
-    monkeypatch.setattr(plugin, "peek_sync_check", lambda: None)
     plain = {}
     plugin.internal_state_hook(plain)
     assert plain == {}
@@ -352,12 +366,16 @@ def test_internal_state_hook_adds_the_counters_and_the_sync_check(monkeypatch):
 
 def test_sync_check_and_renorm_hooks_go_through_the_sync_check(monkeypatch):
     seen = []
-    check = SimpleNamespace(run=lambda fn, *a, **k: ("run", fn(*a, **k)), note=seen.append)
-    monkeypatch.setattr(plugin, "get_sync_check", lambda: check)
-    assert plugin.sync_check_hook(lambda *a, **k: (a, k), 1, b=2) == ("run", ((1,), {"b": 2}))
-    assert plugin.top_p_renorm_hook(lambda *a, **k: (a, k), 3, p=0.9) == ((3,), {"p": 0.9})
-    assert plugin.top_k_renorm_hook(lambda *a, **k: (a, k), 4, k=2) == ((4,), {"k": 2})
+    check = SimpleNamespace(run=lambda fn, *a, **k: ("run", fn(*a, **k)), note=seen.append,
+                            snapshot=lambda: {"syncs": 0})
+    monkeypatch.setattr(debug_hooks, "get_sync_check", lambda: check)
+    monkeypatch.setattr(debug_hooks, "peek_sync_check", lambda: check)
+    assert debug_hooks.sync_check_hook(lambda *a, **k: (a, k), 1, b=2) == ("run", ((1,), {"b": 2}))
+    assert debug_hooks.top_p_renorm_hook(lambda *a, **k: (a, k), 3, p=0.9) == ((3,), {"p": 0.9})
+    assert debug_hooks.top_k_renorm_hook(lambda *a, **k: (a, k), 4, k=2) == ((4,), {"k": 2})
     assert seen == ["top_p_renorm_prob", "top_k_renorm_prob"]
+    state = {"other": 1}
+    assert debug_hooks.sync_check_state_hook(state) is state and state == {"other": 1, "verify_sync_check": {"syncs": 0}}
 
 
 def test_draft_extend_hooks_delegate_to_the_runtime_core(core):

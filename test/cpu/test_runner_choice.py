@@ -1,12 +1,13 @@
 """Which decode-graph runner a model runner gets: ours for the EAGLE topk=1 target whose attention
 backend the verify graph serves; upstream's for every other runner; and never upstream's silently
-when the flag is on but SGLang wrapped the backend (hybrid linear-attention / sparse models)."""
+when the flag is on but SGLang wrapped the backend (hybrid linear-attention / sparse models); and
+the plan behind every such decision is made once per model runner."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from sglang_verify_graph import capture
+from sglang_verify_graph import plan as P
 from sglang_verify_graph.config import VerifyGraphConfig, VerifyGraphConfigError
 
 CFG = VerifyGraphConfig(num_steps=3, num_draft_tokens=4, topk=1, speculative_algorithm="EAGLE3",
@@ -24,23 +25,23 @@ def _runner(draft=False, eagle=True, topk=1, backend=None):
 
 @pytest.fixture
 def flag_on(monkeypatch):
-    monkeypatch.setattr(capture, "config_for", lambda mr: CFG)
+    monkeypatch.setattr(P, "flag_config", lambda mr: CFG)
 
 
 def test_wrapped_backend_with_flag_on_is_refused(flag_on):
     with pytest.raises(VerifyGraphConfigError, match="remove --enable-verify-cuda-graph"):
-        capture.refuse_if_flag_lost(_runner(backend=SimpleNamespace(full_attn_backend=object())))
+        P.refuse_if_flag_lost(_runner(backend=SimpleNamespace(full_attn_backend=object())))
 
 
 @pytest.mark.parametrize("kw", [dict(draft=True), dict(eagle=False), dict(topk=4)],
                          ids=["draft", "not-eagle", "topk4"])
 def test_other_runners_fall_back_to_upstream(flag_on, kw):
-    capture.refuse_if_flag_lost(_runner(**kw))  # no error: upstream's runner is the right one
+    P.refuse_if_flag_lost(_runner(**kw))  # no error: upstream's runner is the right one
 
 
 def test_flag_off_falls_back_to_upstream(monkeypatch):
-    monkeypatch.setattr(capture, "config_for", lambda mr: None)
-    capture.refuse_if_flag_lost(_runner())
+    monkeypatch.setattr(P, "flag_config", lambda mr: None)
+    P.refuse_if_flag_lost(_runner())
 
 
 def test_capture_hook_refuses_a_wrapped_chain_backend(flag_on):
@@ -63,25 +64,40 @@ def test_capture_hook_refuses_a_wrapped_chain_backend(flag_on):
     assert info.value.value == "SimpleNamespace"
 
 
-def test_capture_out_of_memory_is_one_actionable_line(monkeypatch):
-    """A capture that runs out of GPU memory raises the one line naming the flags that shrink the
-    graphs (the original error chained); any other capture error propagates unchanged."""
-    from sglang_verify_graph.compat import sglang_adapter
+def test_the_plan_is_decided_once_per_model_runner(monkeypatch):
+    """The attention factory, the runner choice, the refusal check and the QLEN_ONLY mask hook all
+    ask the plan; the server args are validated once per model runner (``config.build_config``),
+    not once per hook."""
+    from sglang_verify_graph import plugin
 
-    monkeypatch.setattr(sglang_adapter, "available_gpu_memory", lambda model_runner: 10.0)
-    mr = SimpleNamespace(attn_backend=SimpleNamespace(verify_cfg=CFG))
+    built = []
+    monkeypatch.setattr(P, "build_config", lambda args: built.append(args) or CFG)
+    monkeypatch.setattr(P.adapter, "resolved", lambda args: args)
+    runner = _runner()
+    plugin.triton_factory(lambda r: "upstream backend")  # the factory itself asks nothing yet
+    for _ in range(3):
+        assert P.verify_plan(runner) == P.VerifyPlan("chain", CFG)
+        assert P.runner_kind(runner) is None  # its backend is not the chain backend
+        with pytest.raises(VerifyGraphConfigError):
+            P.refuse_if_flag_lost(runner)
+    assert built == [runner.server_args]
+    other = _runner()
+    P.verify_plan(other)
+    assert built == [runner.server_args, other.server_args]
 
-    def oom(model_runner, cfg, counters):
-        raise RuntimeError("CUDA error: out of memory")
 
-    with pytest.raises(RuntimeError) as info:
-        capture.capture_verify_runner(mr, oom)
-    assert str(info.value) == capture.OOM_MESSAGE and "\n" not in capture.OOM_MESSAGE
-    assert "--cuda-graph-max-bs-decode" in capture.OOM_MESSAGE
-    assert isinstance(info.value.__cause__, RuntimeError)
+def test_a_refused_config_is_not_kept(monkeypatch):
+    """A conflicting setting raises at every ask (no plan is kept for the runner)."""
+    calls = []
 
-    def other(model_runner, cfg, counters):
-        raise ValueError("shape mismatch")
+    def refuse(args):
+        calls.append(args)
+        raise VerifyGraphConfigError("conflicts", "--flag", "x", "fix it")
 
-    with pytest.raises(ValueError, match="shape mismatch"):
-        capture.capture_verify_runner(mr, other)
+    monkeypatch.setattr(P, "build_config", refuse)
+    monkeypatch.setattr(P.adapter, "resolved", lambda args: args)
+    runner = _runner()
+    for _ in range(2):
+        with pytest.raises(VerifyGraphConfigError):
+            P.verify_plan(runner)
+    assert len(calls) == 2

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_verify_graph import capture, plugin
+from sglang_verify_graph import plugin
 from sglang_verify_graph.compat import sglang_adapter as sa
 from sglang_verify_graph.config import ENV_ENABLE, FLAG
 
@@ -146,7 +146,9 @@ def test_kv_write_loc_point():
 _DRIVER = textwrap.dedent("""
     import argparse, json, os, sys
     from types import SimpleNamespace
-    from sglang_verify_graph import plugin, sglang_adapter as sa
+    from sglang_verify_graph import plugin
+    from sglang_verify_graph.compat import sglang_adapter as sa
+    from sglang_verify_graph.config import build_config
     out = {"missing": plugin.install(runtime=True)}
     from sglang.srt.server_args import ServerArgs, prepare_server_args
     parser = argparse.ArgumentParser()
@@ -155,6 +157,11 @@ _DRIVER = textwrap.dedent("""
     from sglang.srt.layers.attention import attention_registry
     out["triton_factory"] = bool(getattr(attention_registry.ATTENTION_BACKENDS["triton"],
                                          "_verify_graph_factory", False))
+    sa_obj = prepare_server_args(sys.argv[1:])
+    if hasattr(sa_obj, "resolve_once"):
+        sa_obj.resolve_once()
+    out["enabled"] = os.environ.get("SGLANG_ENABLE_VERIFY_CUDA_GRAPH") == "1"
+    out["ndt"] = build_config(sa.resolved(sa_obj)).num_draft_tokens
     if sa.RUNNER_CLS_HOOK:
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang_verify_graph.chain_backend import ChainVerifyTritonBackend
@@ -162,19 +169,12 @@ _DRIVER = textwrap.dedent("""
         class Algo:
             def is_uno(self): return False
             def is_eagle(self): return True
-        stub = SimpleNamespace(spec_algorithm=Algo(), is_draft_worker=False,
-                               server_args=SimpleNamespace(speculative_eagle_topk=1),
-                               attn_backend=object.__new__(ChainVerifyTritonBackend))
-        cls = ModelRunner._decode_cuda_graph_runner_cls(stub)
-        out["runner_cls_ours"] = issubclass(cls, VerifyCudaGraphRunner)
-        stub.attn_backend = object()
-        stub.is_draft_worker = True  # (an EAGLE topk=1 *target* without it is refused)
-        out["runner_cls_plain"] = ModelRunner._decode_cuda_graph_runner_cls(stub).__name__
-    sa_obj = prepare_server_args(sys.argv[1:])
-    if hasattr(sa_obj, "resolve_once"):
-        sa_obj.resolve_once()
-    out["enabled"] = getattr(sa_obj, "_enable_verify_cuda_graph", None)
-    out["ndt"] = getattr(getattr(sa_obj, "_verify_cuda_graph_config", None), "num_draft_tokens", None)
+        def stub(draft, backend):
+            return SimpleNamespace(spec_algorithm=Algo(), is_draft_worker=draft, server_args=sa_obj,
+                                   attn_backend=backend)
+        cls = ModelRunner._decode_cuda_graph_runner_cls(stub(False, object.__new__(ChainVerifyTritonBackend)))
+        out["runner_cls_ours"] = cls is VerifyCudaGraphRunner
+        out["runner_cls_plain"] = ModelRunner._decode_cuda_graph_runner_cls(stub(True, object())).__name__
     print("RESULT " + json.dumps(out))
 """)
 
@@ -239,15 +239,24 @@ def _model_runner(chain=True, draft=False, topk=1, eagle=True):
                            attn_backend=backend)
 
 
+@pytest.fixture
+def flag_on(monkeypatch):
+    """The flag's config for every model runner (``plan.flag_config``): chain, num_steps 2."""
+    from sglang_verify_graph import plan
+
+    from cpu_stubs import chain_config
+
+    monkeypatch.setattr(plan, "flag_config", lambda mr: chain_config())
+
+
 @runner_cls_hook
 @pytest.mark.parametrize("kwargs,ours", [
     (dict(), True),
-    (dict(chain=False), False),
     (dict(draft=True), False),
     (dict(topk=4), False),
     (dict(eagle=False), False),
 ])
-def test_runner_cls_hook(kwargs, ours):
+def test_runner_cls_hook(flag_on, kwargs, ours):
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
@@ -256,34 +265,19 @@ def test_runner_cls_hook(kwargs, ours):
     original = getattr(ModelRunner._decode_cuda_graph_runner_cls, "__wrapped__",
                        ModelRunner._decode_cuda_graph_runner_cls)
     cls = plugin.decode_runner_cls_hook(original, _model_runner(**kwargs))
-    assert issubclass(cls, DecodeCudaGraphRunner)
-    assert issubclass(cls, VerifyCudaGraphRunner) == ours
-    if not ours:
-        assert cls is DecodeCudaGraphRunner
+    assert cls is (VerifyCudaGraphRunner if ours else DecodeCudaGraphRunner)
 
 
 @runner_cls_hook
-def test_runner_cls_is_built_with_model_runner_only(monkeypatch):
-    """SGLang 0.5.17 and later build the class as ``cls(model_runner)``: ours takes config and
-    counters from the chain backend and fills the capture counters."""
-    from sglang_verify_graph import counters as C
-    from sglang_verify_graph.runner import VerifyCudaGraphRunner
+def test_runner_cls_hook_refuses_a_target_that_lost_the_chain_backend(flag_on):
+    from sglang.srt.model_executor.model_runner import ModelRunner
 
-    seen = {}
+    from sglang_verify_graph.errors import VerifyGraphConfigError
 
-    def fake_init(self, model_runner, cfg, counters):
-        seen.update(model_runner=model_runner, cfg=cfg, counters=counters)
-        counters.capture_bs = [1, 2]
-
-    monkeypatch.setattr(VerifyCudaGraphRunner, "__init__", fake_init)
-    cfg = SimpleNamespace(log_every=0)
-    mr = SimpleNamespace(attn_backend=SimpleNamespace(verify_cfg=cfg), device="cpu", gpu_id=0)
-    runner = capture.VerifyCudaGraphRunnerFromModelRunner(mr)
-    assert isinstance(runner, VerifyCudaGraphRunner)
-    assert seen["model_runner"] is mr and seen["cfg"] is cfg
-    assert C.get_counters() is seen["counters"] and seen["counters"].capture_bs == [1, 2]
-    with pytest.raises(RuntimeError, match="unexpected arguments"):
-        capture.VerifyCudaGraphRunnerFromModelRunner(mr, attn_backend=None)
+    original = getattr(ModelRunner._decode_cuda_graph_runner_cls, "__wrapped__",
+                       ModelRunner._decode_cuda_graph_runner_cls)
+    with pytest.raises(VerifyGraphConfigError, match="remove --enable-verify-cuda-graph"):
+        plugin.decode_runner_cls_hook(original, _model_runner(chain=False))
 
 
 @before_runner_cls_hook

@@ -11,7 +11,10 @@ import warnings
 import pytest
 import torch
 
-from sglang_verify_graph import plugin, sglang_adapter, sync_check
+from sglang_verify_graph import hooks
+from sglang_verify_graph.compat import sglang_adapter
+from sglang_verify_graph.debug import hooks as debug_hooks
+from sglang_verify_graph.debug import sync_check
 from sglang_verify_graph.config import ENV_SYNC_CHECK, read_env
 
 MSG = "called a synchronizing CUDA operation"  # c10/cuda/CUDAFunctions.cpp warn_or_error_on_sync
@@ -85,12 +88,12 @@ def test_errors_propagate_and_are_counted(fake_mode):
 
 def test_env_and_hook_list():
     assert read_env({ENV_SYNC_CHECK: "1"}).sync_check and not read_env({}).sync_check
-    targets = [t for t, _, _ in plugin.sync_check_hooks()]
-    assert targets[:2] == [sglang_adapter.VERIFY, sglang_adapter.GET_INTERNAL_STATE]
+    targets = [h.target for h in hooks.table(("sync_check",))]
     import importlib.util
 
     renorm = [sglang_adapter.TOP_P_RENORM, sglang_adapter.TOP_K_RENORM]
-    assert targets[2:] == (renorm if importlib.util.find_spec("sgl_kernel") else [])
+    assert targets == ([sglang_adapter.VERIFY] + (renorm if importlib.util.find_spec("sgl_kernel") else [])
+                       + [sglang_adapter.GET_INTERNAL_STATE])
 
 
 def test_kernel_calls_counted_only_inside_the_step(monkeypatch):
@@ -111,7 +114,7 @@ def test_renorm_hooks_count_and_pass_through(monkeypatch):
     monkeypatch.setattr(sync_check, "_CHECK", check)
     seen = []
     check._inside = 1
-    out = plugin.top_p_renorm_hook(lambda p, t: seen.append((p, t)) or "probs", "P", "T")
+    out = debug_hooks.top_p_renorm_hook(lambda p, t: seen.append((p, t)) or "probs", "P", "T")
     assert out == "probs" and seen == [("P", "T")]
     assert check.snapshot()["kernel_calls"] == {"top_p_renorm_prob": 1}
 
@@ -119,7 +122,7 @@ def test_renorm_hooks_count_and_pass_through(monkeypatch):
 def test_internal_state_reports_the_check(monkeypatch):
     check = sync_check.get_sync_check()
     result = type("R", (), {"internal_state": {}})()
-    plugin.internal_state_hook(result)
+    debug_hooks.sync_check_state_hook(result)
     assert result.internal_state["verify_sync_check"] == check.snapshot()
 
 
@@ -128,7 +131,8 @@ import json
 from sglang_verify_graph import plugin
 from sglang_verify_graph.compat import sglang_adapter as a
 plugin.register()
-print("RESULT " + json.dumps([a._is_applied(t, h) for t, h, _ in plugin.sync_check_hooks()]))
+from sglang_verify_graph import hooks
+print("RESULT " + json.dumps([a._is_applied(h.target, h.body) for h in hooks.table(("sync_check",))]))
 """
 
 

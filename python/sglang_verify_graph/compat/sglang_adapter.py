@@ -5,8 +5,10 @@ It holds SGLang version facts (:data:`SGLANG_VERSION`, :data:`SUPPORTED_RANGE` a
 API change point, e.g. :data:`RESOLVE_ONCE`), the dotted names of the SGLang functions the plugin
 hooks (:data:`DECODE_RUNNER_CLS`, :data:`VERIFY`, ...), accessors for SGLang objects whose
 spelling differs between releases (:func:`resolved`, :func:`kv_write_loc`, ...) and the
-hook-registry mechanics (:func:`install_hooks`). What is done at each hook lives above it
-(``plugin.py`` installs; ``cli.py``, ``profile_hooks.py`` and the core modules hold the bodies).
+hook-registry mechanics (:func:`install_hooks`: SGLang's ``HookRegistry`` has no public way to
+apply one plugin's hooks early, so this is the one place that edits its ``_hooks`` / ``_patched``;
+``test/cpu/test_hook_installation.py`` fails on a release where that stops working). What is done
+at each hook lives above it (the table in ``hooks.py``; ``plugin.py`` installs it).
 
 Supports every SGLang release from 0.5.16 to 0.5.23. Each change point below names the first
 release that has it, as read in each release's source; a release in the range takes every path

@@ -32,6 +32,7 @@ import torch
 
 from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.buffers import PAD_TOKEN_ID
+from sglang_verify_graph.debug.probes import DraftExtendProbe, VerifyProbe
 
 logger = logging.getLogger("sglang_verify_graph")
 
@@ -70,27 +71,6 @@ def row_rel_err(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     tensors (Frobenius norm of each row)."""
     a, b = a.float(), b.float()
     return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)
-
-
-class VerifyProbe:
-    """What the runner calls around each TARGET_VERIFY replay of a batch it fully loads (not on a
-    pre-planned re-entry); every method of this base does nothing."""
-
-    def before_load(self, runner, forward_batch) -> None:
-        """Before ``load_batch`` fills the static input buffers."""
-
-    def after_load(self, runner, forward_batch) -> None:
-        """After ``load_batch`` (and the padded rows' neutralisation), before the replay."""
-
-    def after_enqueue(self, runner) -> None:
-        """Once the replay is enqueued (also when it raised)."""
-
-    def after_replay(self, runner, forward_batch, graph_out) -> None:
-        """After a successful replay, with its output (real rows only)."""
-
-
-NO_PROBE = VerifyProbe()
-"""The runner's probe unless a debug aid is requested."""
 
 
 class GraphSelfTest(VerifyProbe):
@@ -234,22 +214,6 @@ class GraphSelfTest(VerifyProbe):
 _DRAFT_EXTEND_POISONED = ("seq_lens", "out_cache_loc", "positions", "req_pool_indices")
 _SPEC_FIELDS = ("positions", "num_correct_drafts", "num_accept_tokens", "extend_seq_lens_cpu",
                 "extend_seq_lens_tensor")
-
-
-class DraftExtendProbe:
-    """What ``execute_draft_extend`` calls around each replay of SGLang's draft-extend graph
-    (``EAGLEDraftExtendCudaGraphRunner.execute``) when the chain kernel serves it; every method
-    of this base does nothing."""
-
-    def before_execute(self, runner, forward_batch) -> None:
-        """Before ``execute`` loads the batch into the runner's static buffers."""
-
-    def after_execute(self, runner, forward_batch, graph_out, select_index=None) -> None:
-        """After ``execute`` returned (``graph_out``: real rows' logits and hidden states, every
-        token's, or with ``select_index`` (SGLang 0.5.20 on) the selected token of each request)."""
-
-
-NO_DRAFT_EXTEND_PROBE = DraftExtendProbe()
 
 
 class DraftExtendSelfTest(DraftExtendProbe):
