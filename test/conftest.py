@@ -21,8 +21,8 @@ def _cuda_count() -> int:
 
 
 SGLANG_API_MODULES = (
-    "test_sglang_versions", "test_cpu_real_server_args", "test_refusal_reasons", "test_serve_help",
-    "test_refusal_without_gpu", "test_hook_installation", "test_plugin_wiring", "test_cpu_cli_hooks",
+    "test_sglang_versions", "test_real_server_args", "test_refusal_reasons", "test_serve_help",
+    "test_refusal_without_gpu", "test_hook_installation", "test_plugin_wiring", "test_cli_hooks",
     "test_launch_refusals", "test_runner_choice", "test_upstream_patch",
 )
 """The CPU tests that read what moves between SGLang releases (hook targets, server-args

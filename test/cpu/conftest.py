@@ -25,7 +25,7 @@ def resolved_args(**overrides):
     """A duck-typed, *resolved* sglang 0.5.16 ServerArgs for a good EAGLE-3 topk=1 setup.
 
     Attribute names are those of ``sglang.srt.server_args.ServerArgs``
-    (test_cpu_real_server_args.py checks them against the real class).
+    (test_real_server_args.py checks them against the real class).
     """
     fields = dict(
         model_path="/models/target",

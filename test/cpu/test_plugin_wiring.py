@@ -5,7 +5,7 @@ when even the CLI hooks fail), and what each runtime hook body does with its arg
 SGLang's registry and the runtime core (``plan``, ``runner``, ``draft_extend``) are replaced by
 recorders, so nothing is
 patched in this process; the real registry is exercised in fresh interpreters by
-test_hook_installation.py, test_sglang_versions.py and test_cpu_real_server_args.py."""
+test_hook_installation.py, test_sglang_versions.py and test_real_server_args.py."""
 
 from __future__ import annotations
 
