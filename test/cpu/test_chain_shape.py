@@ -47,19 +47,3 @@ def test_kv_splits_count_the_row_blocks():
     # (both tilings then launch 384 / 512 programs, about 2 per SM on 132 SMs)
     assert choose_num_kv_splits(kimi(6), 8, 132) == 16  # 2 * 132 / (8 * 3) = 11 -> 16
     assert choose_num_kv_splits(kimi(6, 32), 8, 132) == 32  # 2 * 132 / (8 * 2) = 16.5 -> 32
-
-
-def test_bench_chain_kernel_dry_run_and_block_rows_check():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[2] / "benchmark" / "bench_chain_kernel.py"
-    r = subprocess.run([sys.executable, str(bench), "--dry-run", "--shapes", "kimi_tp8_mla", "--ndt", "3", "6",
-                        "--block-rows", "16", "32"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "kimi_tp8_mla ndt=3 policy block_r=32" in r.stdout
-    assert "kimi_tp8_mla ndt=6 policy block_r=16" in r.stdout and "forced=[16, 32]" in r.stdout
-    bad = subprocess.run([sys.executable, str(bench), "--dry-run", "--block-rows", "24"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "--block-rows [24]" in bad.stderr
