@@ -315,7 +315,8 @@ import json, sys
 from sglang_verify_graph import plugin
 from sglang_verify_graph.compat import sglang_adapter as a
 plugin.register()
-print("RESULT " + json.dumps({t: a._is_applied(t, h) for t, h, _ in plugin.profile_hooks_table()}))
+from sglang_verify_graph import hooks
+print("RESULT " + json.dumps({h.target: a._is_applied(h.target, h.body) for h in hooks.table(("profile",))}))
 """
 
 
