@@ -156,6 +156,21 @@ def run_logged(cmd: list, log: str, timeout: float, child: dict):
     return rc
 
 
+def stop_on_sigterm(child: dict, meta: dict, finish) -> None:
+    """On SIGTERM (a suite's time limit): kill the running engine child (``child["p"]``), record
+    ``meta["mode_status"]["interrupted"]`` and exit with ``finish(124)`` (the parent's partial
+    results written)."""
+    import signal
+
+    def on_term(signum, frame):
+        if child["p"] is not None:
+            kill_tree(child["p"])
+        meta["mode_status"].setdefault("interrupted", f"signal {signum}")
+        sys.exit(finish(124))
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def kill_tree(p) -> None:
     """SIGKILL a child and all its descendants (the Engine's scheduler/detokenizer processes), by pid."""
     try:

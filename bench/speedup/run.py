@@ -7,7 +7,6 @@ import datetime
 import json
 import os
 import shlex
-import signal
 import statistics
 import sys
 import time
@@ -179,13 +178,7 @@ def run_parent(a) -> int:
         say(f"RESULT wrote {a.out} in {time.time() - t_start:.0f}s (estimate {est['total']:.0f}s)")
         return code
 
-    def on_term(signum, frame):
-        if child["p"] is not None:
-            engine.kill_tree(child["p"])
-        meta["mode_status"].setdefault("interrupted", f"signal {signum}")
-        sys.exit(finish(124))
-
-    signal.signal(signal.SIGTERM, on_term)
+    engine.stop_on_sigterm(child, meta, finish)
     for mode in a.modes:
         jf, log = mode_file(a, mode, "json"), mode_file(a, mode, "log")
         if os.path.exists(jf):

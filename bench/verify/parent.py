@@ -6,7 +6,6 @@ import datetime
 import json
 import os
 import shlex
-import signal
 import sys
 import time
 
@@ -41,13 +40,7 @@ def run_parent(a) -> int:
         print(f"RESULT wrote {a.out} in {time.time() - t_start:.0f}s", flush=True)
         return code
 
-    def on_term(signum, frame):
-        if child["p"] is not None:
-            engine.kill_tree(child["p"])
-        meta["mode_status"].setdefault("interrupted", f"signal {signum}")
-        sys.exit(finish(124))
-
-    signal.signal(signal.SIGTERM, on_term)
+    engine.stop_on_sigterm(child, meta, finish)
     runs = [(mode, k, mode_key(a, mode, k)) for k in a.steps_list for mode in a.modes
             if mode != "plain" or k == a.steps_list[0]]
     if a.plain_twice:  # the same baseline again, last (baseline.py)
