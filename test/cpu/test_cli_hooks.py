@@ -119,8 +119,8 @@ def test_from_cli_args_prints_one_line_and_exits_2(server_args_cls, capsys):
 
 
 @pytest.mark.skipif(RESOLVE_ONCE, reason="sglang 0.5.19+: from_cli_args returns an unresolved record; "
-                    "validation runs in resolve_once (test_resolve_once_hook_*)")
-def test_from_cli_args_validates_even_without_post_init_hook(server_args_cls, make_args,
+                    "validation runs in resolve_once (test_validate_hook_*_record_*)")
+def test_from_cli_args_validates_even_without_the_validate_hook(server_args_cls, make_args,
                                                               capsys):
     bad = make_args(speculative_eagle_topk=2)
     with pytest.raises(SystemExit) as info:
@@ -162,7 +162,7 @@ def test_validate_hook_raises_on_bad_settings(make_args):
 
 
 @pytest.mark.parametrize("path", ["dummy", "None", "DUMMY"])
-def test_post_init_hook_skips_unresolved_placeholders(make_args, monkeypatch, path):
+def test_validate_hook_skips_unresolved_placeholders(make_args, monkeypatch, path):
     monkeypatch.setenv(ENV_ENABLE, "1")
     args = make_args(model_path=path, speculative_algorithm=None)
     assert cli.validate_hook(None, args) is None  # __post_init__ returned early: nothing to validate
@@ -197,7 +197,7 @@ def test_from_cli_args_marks_every_record_but_judges_nothing_when_off(server_arg
 
 
 @only_resolve_once
-def test_resolve_once_hook_cli_record_prints_one_line_and_exits_2(make_args, capsys):
+def test_validate_hook_cli_record_prints_one_line_and_exits_2(make_args, capsys):
     bad = make_args(speculative_eagle_topk=2, **{cli.ATTR_FROM_CLI: True})
     with pytest.raises(SystemExit) as info:
         cli.validate_hook(None, bad)
@@ -207,12 +207,12 @@ def test_resolve_once_hook_cli_record_prints_one_line_and_exits_2(make_args, cap
 
 
 @only_resolve_once
-def test_resolve_once_hook_engine_record_raises(make_args):
+def test_validate_hook_engine_record_raises(make_args):
     with pytest.raises(VerifyGraphConfigError) as info:
         cli.validate_hook(None, make_args(speculative_eagle_topk=2))
     assert info.value.flag == "--speculative-eagle-topk"
 
 
 @only_resolve_once
-def test_resolve_once_hook_accepts_a_good_engine_record(make_args):
+def test_validate_hook_accepts_a_good_engine_record(make_args):
     assert cli.validate_hook(None, make_args()) is None
