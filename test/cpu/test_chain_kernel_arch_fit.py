@@ -17,7 +17,10 @@ test_class_members_take_the_same_shared_memory checks the claim on samples (fp16
 
 Per-device choice. Stage 1's ``num_stages`` is what ``choose_num_stages`` picks from the build's
 ``metadata.shared`` and the arch's limit below, as the launcher does with the device's own limit
-at the first launch; on sm_90 (the H200) every class keeps ``STAGE1_NUM_STAGES[0]``.
+at the first launch; on sm_90 (the H200) every class keeps ``STAGE1_NUM_STAGES[0]``. The
+launcher's side of it (test_the_launcher_lowers_stage_one_where_shared_memory_is_short): on a
+device whose limit the default build exceeds, stage 1 launches at the lowered depth, chosen once
+per device (the device and the build's ``metadata.shared`` are stand-ins there).
 
 Limits, from the CUDA C++ Programming Guide, "Compute Capabilities", table "Technical
 Specifications per Compute Capability" (maximum shared memory per thread block, opt-in; 64 K
@@ -53,6 +56,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -100,6 +104,85 @@ class _Recorder:
             args = tuple(MockTensor(a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
             self.calls.append((self.name, args, kwargs))
         return launch
+
+
+# ---- the launcher's per-device choice ----------------------------------------------------------
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor that reports ``is_cuda``, so the launcher takes its GPU path."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+class _Stage1Standin(triton.runtime.JITFunction):
+    """Stage 1 to the launcher (a ``JITFunction``, as the real kernel): ``warmup`` compiles nothing
+    and returns a build taking ``shared[num_stages]`` bytes; ``kernel[grid](...)`` launches nothing.
+    Both are recorded as (args, grid, kwargs)."""
+
+    def __init__(self, shared):
+        self.shared, self.warmups, self.launches = shared, [], []
+
+    def __repr__(self):
+        return f"_Stage1Standin(warmups={len(self.warmups)}, launches={len(self.launches)})"
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append((args, grid, kwargs))
+        return SimpleNamespace(metadata=SimpleNamespace(shared=self.shared[kwargs["num_stages"]]))
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((args, grid, kwargs))
+
+
+def _same_args(a, b):
+    """Launch arguments equal: tensors by storage, shape and strides, the rest by value."""
+    def key(x):
+        return (x.data_ptr(), tuple(x.shape), x.stride()) if isinstance(x, torch.Tensor) else x
+    return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b))
+
+
+def test_the_launcher_lowers_stage_one_where_shared_memory_is_short(monkeypatch):
+    """``chain_verify_attention_fwd`` on a GPU asks the device's ``max_shared_mem`` and the stage-1
+    build's ``metadata.shared`` (a warmup of exactly the build it launches), and launches stage 1
+    at the first ``STAGE1_NUM_STAGES`` depth that fits: on a 99 KB device (sm_120) MLA's 32-row
+    build of 106 KB at the default depth launches at the lowered one, on a 227 KB device (sm_90)
+    at the default. The choice is made once per device: later launches there compile nothing."""
+    default, lowered = cva.STAGE1_NUM_STAGES[0], cva.STAGE1_NUM_STAGES[-1]
+    assert default != lowered
+    stage1 = _Stage1Standin({default: 106 * 1024, lowered: 70 * 1024})
+    limits, device = {0: SHARED_LIMIT[120], 1: SHARED_LIMIT[90]}, [0]
+    active = SimpleNamespace(get_current_device=lambda: device[0], utils=SimpleNamespace(
+        get_device_properties=lambda d: {"max_shared_mem": limits[d]}))
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=active))
+    monkeypatch.setattr(cva, "_chain_verify_stage1", stage1)
+    monkeypatch.setattr(cva, "_chain_verify_stage2", _Recorder("_chain_verify_stage2", []))
+    monkeypatch.setattr(cva, "_STAGE1_STAGES", {})
+
+    shape = cva.ChainVerifyShape(8, 1, 576, 512, 4, 64)  # 32 query rows per KV head: BLOCK_R 32
+    assert shape.block_r == 32
+    bs, splits = 2, 4
+    k = torch.zeros(64, 1, 576, dtype=torch.bfloat16)
+    n_out, n_lse = cva.workspace_numel(shape, bs, splits)
+    q = torch.zeros(bs * 4, 8, 576, dtype=torch.bfloat16).as_subclass(_CudaLooking)
+
+    def launch():
+        """Stage 1's num_stages at one launch on ``device[0]``."""
+        cva.chain_verify_attention_fwd(
+            q, k, k[..., :512], torch.zeros(bs * 4, 8, 512, dtype=torch.bfloat16),
+            torch.zeros(4, 64, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64),
+            torch.tensor([5, 9]), shape, splits, 576 ** -0.5, torch.empty(n_out), torch.empty(n_lse))
+        return stage1.launches[-1][2]["num_stages"]
+
+    assert launch() == lowered
+    [(args, grid, kwargs)] = stage1.warmups
+    launched_args, launched_grid, launched_kwargs = stage1.launches[-1]
+    assert kwargs == {**launched_kwargs, "num_stages": default}  # the build launched, at the default
+    assert grid == launched_grid and _same_args(args, launched_args)
+    assert launch() == lowered and len(stage1.warmups) == 1  # remembered for the device
+    device[0] = 1
+    assert launch() == default and len(stage1.warmups) == 2
+    device[0] = 0
+    assert launch() == lowered and len(stage1.warmups) == 2
 
 
 def _launches():

@@ -6,6 +6,11 @@ verify replay reaching real rows (e.g. through a cross-row reduction), which SGL
 ``read_env`` and reaches the config only with the self-test; the row is NaN from ``load_batch``
 of a padded bucket until the replay is enqueued and restored afterwards; an unpadded batch is
 left alone; error maxima keep NaN instead of dropping it.
+
+The self-test's independent references, with the real chain backends (kernel and SGLang's parent
+methods replaced by recorders): ``GraphSelfTest`` and ``DraftExtendSelfTest`` set ``reference`` so
+that their reference forward takes SGLang's own TARGET_VERIFY / DRAFT_EXTEND_V2 attention, not the
+chain kernel under test, and put the switch back afterwards.
 """
 
 import math
@@ -173,3 +178,94 @@ def test_upstream_reference_runs_sglangs_path_and_reports_each_draft_position():
     assert u["checks"] == 1 and u["rows"] == raw_bs * ndt and u["nonfinite_rows"] == 0
     err = u["logits_row_max_rel_err"]
     assert err[0] == 0.0 and err[2] == 0.0 and err[1] > 0.05, err
+
+
+# ---- the self-tests' reference switch, on the real chain backends --------------------------------
+@pytest.fixture
+def attention_paths(monkeypatch):
+    """The attention each forward reached, in order: ``"chain"`` (the chain kernel's launch),
+    ``"sglang"`` (SGLang's triton ``forward_extend``, the backends' parent), ``"sglang metadata"``
+    (the parent's ``init_forward_metadata``)."""
+    from sglang_verify_graph import chain_backend as cb
+
+    paths = []
+    parent = sglang_adapter.triton_attn_backend_cls()
+    monkeypatch.setattr(sglang_adapter, "kv_write_loc", lambda *a, **k: None)
+    monkeypatch.setattr(cb, "chain_verify_attention_fwd", lambda *a, **k: paths.append("chain"))
+    monkeypatch.setattr(parent, "forward_extend", lambda self, *a, **k: paths.append("sglang"))
+    monkeypatch.setattr(parent, "init_forward_metadata",
+                        lambda self, fb: paths.append("sglang metadata"))
+    return paths
+
+
+def _one_layer_model(backend, layer, q, k, logits):
+    """A model whose forward is one attention layer calling ``backend`` and returns ``logits``."""
+    def forward(input_ids, positions, fb):
+        backend.forward_extend(q, k, k.clone(), layer, fb)
+        return types.SimpleNamespace(next_token_logits=logits.clone(), hidden_states=None)
+
+    return types.SimpleNamespace(forward=forward)
+
+
+def test_graph_selftest_reference_is_sglangs_target_verify_not_the_chain_kernel(attention_paths):
+    """After a replay ``GraphSelfTest`` runs the batch eagerly twice on the real
+    ``ChainVerifyTritonBackend``: through the chain kernel (graph vs eager), then, with
+    ``reference`` set, through SGLang's own TARGET_VERIFY metadata and attention (the independent
+    reference; were it the chain kernel again, a kernel bug would agree with itself). The switch
+    is put back: the next TARGET_VERIFY forward is the chain kernel's."""
+    from cpu_stubs import chain_backend_stub, forward_mode
+    from sglang_verify_graph import chain_backend as cb
+
+    ndt, bs = 3, 2
+    backend, layer, q, k = chain_backend_stub(cb.ChainVerifyTritonBackend, ndt=ndt, bs=bs)
+    backend.device, backend.device_core_count, backend._chain_static = "cpu", 4, None
+    logits = torch.randn(bs * ndt, 5)
+    runner = _runner(bs=bs, raw_bs=bs)
+    runner.verify_cfg = types.SimpleNamespace(num_draft_tokens=ndt)
+    runner.model_runner = types.SimpleNamespace(
+        attn_backend=backend, model=_one_layer_model(backend, layer, q, k, logits))
+    fb = types.SimpleNamespace(
+        forward_mode=forward_mode("TARGET_VERIFY"), batch_size=bs, input_ids=None, positions=None,
+        req_pool_indices=torch.zeros(bs, dtype=torch.int64), seq_lens=torch.tensor([5, 9]),
+        spec_info=types.SimpleNamespace(custom_mask=None))
+
+    probe = st.GraphSelfTest(runner)
+    probe.after_replay(runner, fb, types.SimpleNamespace(next_token_logits=logits, hidden_states=None))
+    assert attention_paths == ["chain", "sglang metadata", "sglang"]
+    assert runner.counters.selftest["checks"] == runner.counters.selftest["upstream"]["checks"] == 1
+    assert not backend.reference
+    backend.forward_extend(q, k, k.clone(), layer, fb)
+    assert attention_paths[3:] == ["chain"]
+
+
+def test_draft_extend_selftest_reference_is_sglangs_draft_extend_not_the_chain_kernel(attention_paths):
+    """After a draft-extend replay ``DraftExtendSelfTest`` runs the batch eagerly on the real
+    ``ChainDraftExtendTritonBackend`` with ``reference`` set: SGLang's own DRAFT_EXTEND_V2
+    metadata and attention, never the chain kernel the graph ran. The switch is put back: the
+    next DRAFT_EXTEND_V2 forward is the chain kernel's."""
+    from cpu_stubs import chain_backend_stub, forward_mode
+    from sglang_verify_graph import chain_backend as cb
+
+    ndt, bs = 3, 2
+    backend, layer, q, k = chain_backend_stub(cb.ChainDraftExtendTritonBackend, ndt=ndt, bs=bs)
+    backend.device, backend.device_core_count, backend._chain_static = "cpu", 4, None
+    logits = torch.randn(bs * ndt, 5)
+    runner = types.SimpleNamespace(
+        buffers=types.SimpleNamespace(**{n: torch.zeros(8, dtype=torch.int64)
+                                         for n in st._DRAFT_EXTEND_POISONED}),
+        draft_extend_attn_backend=backend, bs=bs, raw_bs=bs,
+        model_runner=types.SimpleNamespace(model=_one_layer_model(backend, layer, q, k, logits)))
+    fb = types.SimpleNamespace(
+        forward_mode=forward_mode("DRAFT_EXTEND_V2"), batch_size=bs, input_ids=None, positions=None,
+        req_pool_indices=torch.zeros(bs, dtype=torch.int64), seq_lens=torch.tensor([8, 12]),
+        spec_info=types.SimpleNamespace())
+
+    selftest = {}
+    probe = st.DraftExtendSelfTest(runner, selftest)
+    probe.before_execute(runner, fb)
+    probe.after_execute(runner, fb, types.SimpleNamespace(next_token_logits=logits, hidden_states=None))
+    assert attention_paths == ["sglang metadata", "sglang"]
+    assert selftest["draft_extend"]["checks"] == 1
+    assert not backend.reference
+    backend.forward_extend(q, k, k.clone(), layer, fb)
+    assert attention_paths[2:] == ["chain"]
