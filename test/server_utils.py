@@ -13,8 +13,10 @@ from bench.lib.server import (  # noqa: F401
     generate,
     launch_server,
     plugin_state,
+    rank_disagreement,
     shared_gpu_args,
     shared_gpu_kwargs,
     stop_server,
     verify_graph_states,
+    verify_graph_tp_states,
 )

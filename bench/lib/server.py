@@ -1,6 +1,6 @@
 """The lab's server harness: start the stock ``python -m sglang.launch_server``, wait for it to
 be healthy (optionally with a progress line), stop it with its process tree, send ``/generate``
-and read the plugin's counters. The demo, the e2e tests and the GPU tests all use it.
+and read the plugin's counters (every tensor-parallel rank's too). The demo, the e2e tests and the GPU tests all use it.
 
 Always the stock ``python -m sglang.launch_server`` (the command users run; SGLang's
 ``popen_launch_server`` starts the ``sglang serve`` console script instead, which a PYTHONPATH
@@ -315,3 +315,49 @@ def verify_graph_states(base_url: str) -> list:
 
     info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
     return [st.get("verify_cuda_graph") for st in info.get("internal_states") or []]
+
+
+RANK_SHARED_COUNTERS = ("verify_steps", "verify_requests", "replays", "replayed_requests", "padded_rows",
+                        "eager_requests", "fallbacks")
+"""The verify counters every TP rank of one DP rank must hold alike: each runs the same verify steps
+over the same batches and must take the same path (our graph or eager) with the same bucket, else
+the all-reduces inside the step wait on each other (NCCL hang). Capture seconds and graph memory
+are the rank's own."""
+
+
+def tp_rank_counters(internal_states: list) -> list:
+    """Every TP rank's verify counters from ``/get_server_info``'s ``internal_states`` (one dict per
+    DP rank, TP rank 0's): a list per DP rank, indexed by TP rank, of ``verify_cuda_graph``
+    snapshots (``None`` for a rank without them). Under TP the plugin gathers them as
+    ``verify_cuda_graph_tp_ranks``; at TP 1 the list is ``[verify_cuda_graph]``."""
+    return [list(st.get("verify_cuda_graph_tp_ranks") or [st.get("verify_cuda_graph")])
+            for st in internal_states]
+
+
+def rank_disagreement(ranks: list) -> "str | None":
+    """``None`` when every TP rank of ``ranks`` (one DP rank's snapshots, as
+    :func:`tp_rank_counters` lists them) has counters and holds rank 0's ``RANK_SHARED_COUNTERS``
+    and draft-extend replays / padded rows / eager forwards; else one line naming the first rank
+    that has none or differs, and how."""
+    def shared(c):
+        de = c.get("draft_extend") or {}
+        return {**{k: c.get(k) for k in RANK_SHARED_COUNTERS},
+                **{f"draft_extend_{k}": de.get(k) for k in ("replays", "padded_rows", "eager")}}
+
+    for rank, c in enumerate(ranks):
+        if c is None:
+            return f"TP rank {rank} reports no verify counters (verify runner not installed there)"
+    ref = shared(ranks[0]) if ranks else {}
+    for rank, c in enumerate(ranks[1:], 1):
+        diff = {k: (ref[k], v) for k, v in shared(c).items() if v != ref[k]}
+        if diff:
+            return f"TP rank {rank} differs from rank 0 (rank 0, rank {rank}): {diff}"
+    return None
+
+
+def verify_graph_tp_states(base_url: str) -> list:
+    """:func:`tp_rank_counters` of the server at ``base_url`` (``/get_server_info``)."""
+    import requests
+
+    info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
+    return tp_rank_counters(info.get("internal_states") or [])

@@ -162,12 +162,19 @@ def build_verify_input_hook(original: Callable, *args, **kwargs):
 
 @hook("runtime", adapter.GET_INTERNAL_STATE, AFTER)
 def internal_state_hook(result, *args, **kwargs):
-    """AFTER ``Scheduler.get_internal_state``: add this rank's counters to the returned
-    ``internal_state`` dict as ``verify_cuda_graph`` (what ``/get_server_info`` serves)."""
+    """AFTER ``Scheduler.get_internal_state(self, req)``: add this rank's counters to the returned
+    ``internal_state`` dict as ``verify_cuda_graph`` and, under tensor parallelism, every TP rank's
+    as ``verify_cuda_graph_tp_ranks`` (list indexed by TP rank, ``None`` for a rank without
+    counters). ``/get_server_info`` serves TP rank 0's dict only; every rank runs this hook for the
+    same request, so the gather (a collective) runs on each before anything else can return."""
     state = getattr(result, "internal_state", result)
     counters = get_counters()
-    if isinstance(state, dict) and counters is not None:
-        state["verify_cuda_graph"] = counters.snapshot()
+    snapshot = counters.snapshot() if counters is not None else None
+    ranks = adapter.gather_over_tp(args[0], snapshot) if args else None
+    if isinstance(state, dict) and snapshot is not None:
+        state["verify_cuda_graph"] = snapshot
+    if isinstance(state, dict) and ranks is not None and any(r is not None for r in ranks):
+        state["verify_cuda_graph_tp_ranks"] = ranks
     return result
 
 

@@ -109,3 +109,65 @@ def test_dp_gathered_decision_uses_the_global_maximum():
     too_big = [3, 1, 9, 2]
     assert {r.can_run_graph(_batch(too_big[i], seed=i, global_tokens=too_big))
             for i, r in enumerate(ranks)} == {False}
+
+
+_TP_RANK_SCRIPT = """
+import json, sys
+from types import SimpleNamespace
+import torch.distributed as dist
+from sglang_verify_graph import counters as C, plugin
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+c = C.install_counters(C.VerifyCounters())
+for _ in range(3):
+    c.count_verify_step(2)
+    c.count_replay(2, 2)
+if rank == 1:  # this rank ran one more verify step, eagerly: the disagreement the server test hunts
+    c.count_verify_step(9)
+    c.note_refusal(C.REASON_BS_ABOVE_MAX)
+    c.count_eager_verify(9)
+result = SimpleNamespace(internal_state={"rank": rank})
+plugin.internal_state_hook(result, SimpleNamespace(tp_cpu_group=dist.group.WORLD), "request")
+print("STATE", json.dumps({"state": result.internal_state, "own": c.snapshot()}))
+dist.destroy_process_group()
+"""
+
+
+def test_every_tp_ranks_counters_reach_rank_zeros_internal_state():
+    """``/get_server_info`` serves TP rank 0's ``internal_state`` only: the hook gathers every TP
+    rank's counters into it over the scheduler's ``tp_cpu_group`` (two real gloo ranks here), so
+    a rank that ran a verify step eagerly while rank 0 replayed is seen, and
+    ``rank_disagreement`` names it."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from bench.lib.server import rank_disagreement, tp_rank_counters
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_VERIFY_GRAPH_")}
+    procs = [subprocess.Popen([sys.executable, "-c", _TP_RANK_SCRIPT, str(r), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    got = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+        got.append(json.loads(out.split("STATE", 1)[1]))
+    own = [g["own"] for g in got]
+    assert own[0]["verify_steps"] == 3 and own[1]["verify_steps"] == 4  # the ranks did differ
+    for rank, g in enumerate(got):  # an all-gather: every rank's state holds the same list
+        assert g["state"]["verify_cuda_graph"] == own[rank]
+        assert g["state"]["verify_cuda_graph_tp_ranks"] == own, rank
+    [ranks] = tp_rank_counters([got[0]["state"]])
+    assert ranks == own
+    problem = rank_disagreement(ranks)
+    assert problem is not None and problem.startswith("TP rank 1 differs"), problem
+    assert "verify_steps" in problem and "fallbacks" in problem, problem
+    assert rank_disagreement([own[0], dict(own[0], capture_seconds=9.9)]) is None  # the rank's own
+    assert tp_rank_counters([{"verify_cuda_graph": own[0]}]) == [[own[0]]]  # TP 1: no gathered list
+    assert rank_disagreement([own[0], None]).startswith("TP rank 1 reports no verify counters")

@@ -397,6 +397,7 @@ def test_speculative_and_scheduler_surface():
     assert TreeMaskMode.QLEN_ONLY is not None
     assert _has(GetInternalStateReqOutput, "internal_state")
     assert callable(Scheduler.get_internal_state)
+    assert _has(Scheduler, "tp_cpu_group")  # the hook gathers every TP rank's counters over it
     from sglang.srt.layers.attention.triton_backend import logit_capping_mod  # noqa: F401
     if not sa.RUNNER_CLS_HOOK:
         from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import (  # noqa: F401

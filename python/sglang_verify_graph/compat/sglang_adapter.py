@@ -160,6 +160,25 @@ def kill_process_tree(pid: int, wait_timeout: float = 60) -> None:
     kill(pid, wait_timeout=wait_timeout)
 
 
+def gather_over_tp(scheduler, obj) -> "list | None":
+    """``obj`` (picklable) of every tensor-parallel rank of ``scheduler``'s group, a list indexed by
+    TP rank, gathered over SGLang's ``Scheduler.tp_cpu_group`` (gloo) as SGLang's ``check_weights``
+    gathers its per-rank checksums; ``None`` at TP 1 or where ``scheduler`` has no such group. A
+    collective: every TP rank must call it at the same point (each rank handles the same control
+    request in the same order, SGLang broadcasting them over that group), or the caller blocks."""
+    group = getattr(scheduler, "tp_cpu_group", None)
+    if group is None:
+        return None
+    import torch.distributed as dist
+
+    n = dist.get_world_size(group=group)
+    if n <= 1:
+        return None
+    out = [None] * n
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 # ---- classes and helpers the runner and backend build on -------------------------------------
 def triton_attn_backend_cls():
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
