@@ -32,8 +32,8 @@ default ``llama-small``), ``E2E_LOG_DIR`` (server logs + e2e_results.json, defau
 ``E2E_BACKEND`` (``--attention-backend``, default triton; flashmla and flashinfer on the MLA targets),
 ``E2E_DRAFT_BACKEND`` (``--speculative-draft-attention-backend``, unset by default; the Llama-style draft
 on flashmla needs ``triton``), ``E2E_PARITY_TOKENS`` (default 128), ``E2E_PARITY_LOGPROBS`` (1: ask top-2 logprobs, default 1),
-``E2E_STEPS`` (``--speculative-num-steps``, default 2), ``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the reference
-servers' top-2 logprob gap (min of the two) is below it), ``E2E_SERVER_ARGS`` (more server flags for all three servers, after the
+``E2E_STEPS`` (``--speculative-num-steps``, default 2), ``E2E_PARITY_TIE_TOL`` (default 0 = strict; > 0 accepts a divergence where the
+two servers' top-2 logprob gap (min of the two) at the first differing position is below it: ``greedy_parity``), ``E2E_SERVER_ARGS`` (more server flags for all three servers, after the
 tier's own: the last value of a flag wins, e.g. ``--moe-runner-backend triton --mem-fraction-static 0.7``), ``E2E_VOCAB``
 (prompt token ids are drawn below it, default 32000; a target with a smaller vocabulary needs it, e.g. 20480 for kimi-k25-shard).
 """
@@ -50,12 +50,14 @@ import time
 
 import pytest
 
+from greedy_parity import TOP2_LOGPROBS, compare, tie_tolerance
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOG_DIR = os.environ.get("E2E_LOG_DIR", "/tmp/e2e_logs")
 LAUNCH_TIMEOUT = float(os.environ.get("E2E_LAUNCH_TIMEOUT", "300"))
 PARITY_TOKENS = int(os.environ.get("E2E_PARITY_TOKENS", "128"))
 PARITY_LOGPROBS = os.environ.get("E2E_PARITY_LOGPROBS", "1") == "1"
-TIE_TOL = float(os.environ.get("E2E_PARITY_TIE_TOL", "0"))
+TIE_TOL = tie_tolerance()
 MODEL = os.environ.get("E2E_MODEL", "llama-small")
 VOCAB = int(os.environ.get("E2E_VOCAB", "32000"))
 SERVER_ARGS = shlex.split(os.environ.get("E2E_SERVER_ARGS", ""))
@@ -178,7 +180,7 @@ class Server:
     def generate(self, ids, n, logprobs=False, timeout=300):
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}}
         if logprobs:
-            body.update(return_logprob=True, top_logprobs_num=2)
+            body.update(TOP2_LOGPROBS)
         r = self.requests.post(self.base + "/generate", json=body, timeout=timeout)
         assert r.status_code == 200, f"{self.name}: HTTP {r.status_code}: {r.text[:500]}"
         return r.json()
@@ -317,44 +319,13 @@ def test_ours_concurrent_generate(servers, concurrency):
     assert d["replayed_requests"] == sum(vct) + len(jobs), (d, vct)
 
 
-def _first_diff(a, b):
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
-
-
-def _top2(resp, pos):
-    try:
-        top = resp["meta_info"]["output_top_logprobs"][pos]
-        return [(round(float(t[0]), 5), int(t[1])) for t in top[:2]]
-    except Exception:
-        return None
-
-
-def compare(name_a, outs_a, name_b, outs_b):
-    """Returns (failures, ties): descriptions of the differing requests."""
-    fails, ties = [], []
-    for i, (ra, rb) in enumerate(zip(outs_a, outs_b)):
-        a, b = ra["output_ids"], rb["output_ids"]
-        p = _first_diff(a, b)
-        if p is None:
-            continue
-        ta, tb = _top2(ra, p), _top2(rb, p)
-        gaps = [t[0][0] - t[1][0] for t in (ta, tb) if t and len(t) == 2]
-        gap = round(min(gaps), 5) if gaps else None
-        msg = (f"{name_a} vs {name_b}: request {i} (prompt len {len(PARITY_PROMPTS[i])}) first differs at output "
-               f"position {p}: {name_a}={a[p] if p < len(a) else 'END'} {name_b}={b[p] if p < len(b) else 'END'}; "
-               f"{name_a}[{max(0, p - 3)}:{p + 3}]={a[max(0, p - 3):p + 3]} {name_b}[{max(0, p - 3)}:{p + 3}]={b[max(0, p - 3):p + 3]}; "
-               f"top-2 logprobs there {name_a}={ta} {name_b}={tb} (min gap {gap})")
-        (ties if TIE_TOL > 0 and gap is not None and gap < TIE_TOL else fails).append(msg)
-    return fails, ties
-
-
 def test_greedy_parity_ours_upstream_plain(servers):
     outs = {n: servers.parity_outputs(n) for n in ("ours", "upstream", "plain")}
     for n, o in outs.items():
         assert all(len(r["output_ids"]) == PARITY_TOKENS for r in o), f"{n}: wrong lengths {[len(r['output_ids']) for r in o]}"
     report, all_fails = {}, []
     for a, b in (("ours", "upstream"), ("ours", "plain"), ("upstream", "plain")):
-        fails, ties = compare(a, outs[a], b, outs[b])
+        fails, ties = compare(a, outs[a], b, outs[b], PARITY_PROMPTS, TIE_TOL)
         report[f"{a}_vs_{b}"] = {"identical": 16 - len(fails) - len(ties), "fails": fails, "ties": ties}
         print(f"PARITY {a} vs {b}: {16 - len(fails) - len(ties)}/16 identical, {len(ties)} near-tie divergences")
         for m in fails[:2] + ties[:2]:
