@@ -45,8 +45,9 @@ TESTS=${MUTATION_TESTS:-test/cpu}
 # minutes on 2 cores. MUTATION_IGNORE="" keeps them (re-check after moving tests between files).
 IGNORE=${MUTATION_IGNORE-test_accept_pair test_advisor test_bench_baseline test_bench_capture
   test_bench_merge test_bench_profile test_bench_verify_parts test_capture_log test_chain_backend_layers
-  test_chain_backend_refusals test_chain_kernel_arch_fit test_chain_kernel_interpret
-  test_chain_kernel_test_fault test_chain_shape test_demo test_flag_sources test_gpu_job_parallel
+  test_chain_backend_refusals test_chain_backend_test_fault test_chain_kernel_arch_fit
+  test_chain_kernel_interpret test_chain_kernel_test_fault test_chain_shape test_demo
+  test_flag_sources test_gpu_job_parallel
   test_hook_installation test_kernel_launcher_checks test_make_models test_marlin_jit_build
   test_package_layers test_profile test_run_suite test_sanitizer_reports test_serve_help
   test_shard_quant_config test_suite_declarations test_upstream_patch}

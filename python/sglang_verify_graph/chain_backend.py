@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 
 from sglang_verify_graph.kernel import (
+    TEST_FAULTS,
     ChainVerifyShape,
     chain_verify_attention_fwd,
     choose_num_kv_splits,
@@ -41,11 +42,36 @@ from sglang_verify_graph.kernel import (
 )
 from sglang_verify_graph.compat import sglang_adapter as adapter
 from sglang_verify_graph.config import VerifyGraphConfig
+from sglang_verify_graph.env import ENV_TEST_FAULT, TEST_FAULT_LAUNCHES
 from sglang_verify_graph.errors import VerifyGraphConfigError
 
 logger = logging.getLogger("sglang_verify_graph")
 
 _TILE_SPLITS = (16, 32, 64, 128)
+
+WRONG_LAYER_KV = "wrong_layer_kv"
+"""The verify backend's own test fault (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, tests only): the chain
+kernel, unfaulted, reads the K/V buffers of :func:`wrong_kv_layer`'s layer instead of the layer's
+own. The layer's fresh chain K/V is still written to its own buffers; the layer read from holds,
+at the chain's slots, that layer's chain K/V of this forward when it runs earlier (``layer_id -
+1``), and whatever that layer last wrote there when it runs later (the first layer reads the
+second's: not this forward's chain)."""
+
+
+def wrong_kv_layer(layer_id: int, start_layer: int, layer_num: int) -> int:
+    """The layer whose K/V buffers :data:`WRONG_LAYER_KV` makes layer ``layer_id`` read:
+    ``layer_id - 1``, and ``start_layer + 1`` for the pool's first layer ``start_layer`` (the pool
+    holds layers ``start_layer .. start_layer + layer_num - 1``, ints).
+
+    Raises:
+        VerifyGraphConfigError: ``layer_num < 2`` (no other layer to read; one line)."""
+    if layer_num < 2:
+        raise VerifyGraphConfigError(
+            problem=f"test fault {WRONG_LAYER_KV} needs a KV pool of two or more layers",
+            flag=ENV_TEST_FAULT, value=f"{WRONG_LAYER_KV} (KV pool layers: {layer_num})",
+            fix=f"unset {ENV_TEST_FAULT} or serve a model with two or more attention layers",
+        )
+    return layer_id - 1 if layer_id > start_layer else start_layer + 1
 
 
 def rope_tile(head_dim_qk: int) -> int:
@@ -79,10 +105,21 @@ class _ChainTritonBackend(adapter.triton_attn_backend_cls()):
         raise NotImplementedError
 
     @property
-    def test_fault(self):
-        """The kernel test fault of this backend's launches: the config's for the verify role
-        (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, tests only), never one for the draft extend."""
-        return None if self.seq_lens_include_chain else self.verify_cfg.test_fault
+    def test_fault(self) -> Optional[str]:
+        """The test fault of this backend's launches (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, tests
+        only): the config's when ``env.TEST_FAULT_LAUNCHES`` gives it this backend's ``role``
+        (``"verify"`` / ``"draft-extend"``), else None (a fault never reaches the other launch)."""
+        fault = self.verify_cfg.test_fault
+        return fault if fault is not None and TEST_FAULT_LAUNCHES.get(fault) == self.role else None
+
+    def _kv_layer_id(self, layer_id: int) -> int:
+        """The layer whose K/V buffers the kernel reads for layer ``layer_id``: its own, or
+        :func:`wrong_kv_layer`'s under :data:`WRONG_LAYER_KV` (VerifyGraphConfigError, one line,
+        for a pool of one layer)."""
+        if self.test_fault != WRONG_LAYER_KV:
+            return layer_id
+        pool = self.token_to_kv_pool
+        return wrong_kv_layer(layer_id, getattr(pool, "start_layer", 0) or 0, pool.layer_num)
 
     def __init__(self, model_runner, cfg: VerifyGraphConfig):
         super().__init__(model_runner)
@@ -110,6 +147,8 @@ class _ChainTritonBackend(adapter.triton_attn_backend_cls()):
                 flag="model / KV cache", value=", ".join(problems),
                 fix=self.unsupported_fix,
             )
+        if self.test_fault == WRONG_LAYER_KV:
+            self._kv_layer_id(layer0)  # refuse a one-layer pool at construction, not mid-capture
         dk, dv = k_buf.shape[-1], v_buf.shape[-1]
         self.chain_shape = ChainVerifyShape(
             num_q_heads=self.num_head, num_kv_heads=k_buf.shape[1], head_dim_qk=dk,
@@ -196,14 +235,17 @@ class _ChainTritonBackend(adapter.triton_attn_backend_cls()):
             self._set_kv_buffer(forward_batch, layer, adapter.kv_write_loc(forward_batch), k, v)
         o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
         cap = adapter.logit_cap(layer)
+        kv_layer = self._kv_layer_id(layer.layer_id)
+        fault = self.test_fault
         chain_verify_attention_fwd(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
-            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_key_buffer(kv_layer),
+            self.token_to_kv_pool.get_value_buffer(kv_layer),
             o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
             self.req_to_token, meta.req_pool_indices, meta.seq_lens, self.chain_shape, meta.num_kv_splits,
             layer.scaling, meta.att_out, meta.att_lse, cap,
-            seq_lens_include_chain=self.seq_lens_include_chain, fault=self.test_fault,
+            seq_lens_include_chain=self.seq_lens_include_chain,
+            fault=fault if fault in TEST_FAULTS else None,
         )
         return o
 

@@ -86,8 +86,8 @@ class VerifyGraphConfig:
         draft_extend_attention: ``"chain"`` (the draft's ``DRAFT_EXTEND_V2`` attention on a
             triton draft-extend backend is the chain kernel) or ``"upstream"``
             (``SGLANG_VERIFY_GRAPH_DRAFT_EXTEND``).
-        test_fault: the chain kernel's test fault for verify launches
-            (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, tests only), or ``None``.
+        test_fault: the chain attention's test fault (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, tests
+            only; ``env.TEST_FAULT_LAUNCHES`` names the launch it applies to), or ``None``.
     """
 
     num_steps: int

@@ -42,11 +42,27 @@ ENV_SYNC_CHECK = "SGLANG_VERIFY_GRAPH_SYNC_CHECK"
 tests only). Independent of :data:`ENV_ENABLE` (upstream's verify can be checked too)."""
 
 ENV_TEST_FAULT = "SGLANG_VERIFY_GRAPH_TEST_FAULT"
-"""Tests only: one of :data:`TEST_FAULT_CHOICES` makes the chain kernel's verify launches compute
-that wrong attention (``sglang_verify_graph.kernel.TEST_FAULTS``), so a test can show a kernel
-fault changes output tokens; unset or empty: no fault."""
+"""Tests only: a name of :data:`TEST_FAULT_CHOICES` makes one launch of the chain attention compute
+that wrong attention, so a server test can show the fault changes output tokens; unset or empty:
+no fault. Each name applies to one launch (:data:`TEST_FAULT_LAUNCHES`), the other launch runs
+unfaulted. Target verify (``TARGET_VERIFY``, the verify backend): ``causal_plus_one``,
+``causal_minus_one``, ``drop_first_split``, ``middle_page_entry``, ``drop_middle_split`` (kernel
+faults, ``sglang_verify_graph.kernel.chain_verify_attention`` states their arithmetic) and
+``wrong_layer_kv`` (the backend reads layer ``layer_id - 1``'s K/V, layer 0 reads layer 1's;
+``sglang_verify_graph.chain_backend``). Draft extend (``DRAFT_EXTEND_V2``, the draft-extend backend):
+``draft_extend_causal_plus_one``, ``draft_extend_causal_minus_one``,
+``draft_extend_drop_first_split`` (kernel faults)."""
 
-TEST_FAULT_CHOICES = ("causal_plus_one", "causal_minus_one", "drop_first_split")
+TEST_FAULT_LAUNCHES = {
+    "causal_plus_one": "verify", "causal_minus_one": "verify", "drop_first_split": "verify",
+    "middle_page_entry": "verify", "drop_middle_split": "verify", "wrong_layer_kv": "verify",
+    "draft_extend_causal_plus_one": "draft-extend", "draft_extend_causal_minus_one": "draft-extend",
+    "draft_extend_drop_first_split": "draft-extend",
+}
+"""Test fault name -> the launch it applies to: ``"verify"`` or ``"draft-extend"`` (the ``role`` of
+the chain backend that applies it)."""
+
+TEST_FAULT_CHOICES = tuple(TEST_FAULT_LAUNCHES)
 
 _TRUE = ("1", "true", "yes", "on")
 _EXPLICIT_FALSE = ("0", "false", "no", "off")

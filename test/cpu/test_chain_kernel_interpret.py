@@ -4,11 +4,12 @@ Guards the kernel's indexing (page-table reads, causal limit per draft position,
 MLA 512+64 split tile, split-KV merge, empty splits) without a GPU. Runs in a subprocess because
 TRITON_INTERPRET must be set before triton.jit decorates the kernels.
 
-The test fault (the kernel's ``fault=`` launch argument, which the verify backend passes from
-``SGLANG_VERIFY_GRAPH_TEST_FAULT`` when the server test of the attention pair proves that the pair
-sees the verify attention): each fault makes the kernel disagree with the correct float64
-reference and agree with the reference of that fault; without it (every other case here) the
-kernel computes the correct attention.
+The test faults (the kernel's ``fault=`` launch argument, which the chain backends pass from
+``SGLANG_VERIFY_GRAPH_TEST_FAULT`` when a server test proves that its model sees the verify or the
+draft-extend attention): each fault, on its own launch (verify, or draft extend for the
+``draft_extend_`` names), makes the kernel disagree with the correct float64 reference in some
+(token, head) row and agree with the reference of that fault in every row; without one (every
+other case here) the kernel computes the correct attention.
 """
 
 import os
@@ -77,24 +78,48 @@ FAULT_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {test!r})
 from kernel_cases import run_case
-fault = sys.argv[1]
-# GQA, 3 requests: total 8 keys (one split: drop_first_split leaves it alone), 73 and 133 (2 and 3 splits)
-case = dict(heads=4, kv_heads=2, dk=64, dv=64, ndt=3, seq_lens=[5, 70, 130], splits=4, ctx=512,
-            pool_slots=2048)
-print("CORRECT", run_case(**case, fault=fault, per_row=True))
-print("FAULTED", run_case(**case, fault=fault, ref_fault=fault))
+for fault in sys.argv[1:]:
+    draft_extend = fault.startswith("draft_extend_")
+    # GQA, requests of prefix 5, 70 and 130: total 8 keys (one split: the split faults leave it
+    # alone), 73 and 133 (2 and 3 splits: drop_middle_split drops split 1 of 3), and for
+    # drop_middle_split 200 (4 splits: it drops split 2); a draft-extend launch's seq_lens include
+    # the chain (prefix + 3)
+    prefixes = [5, 70, 130] + ([200] if fault == "drop_middle_split" else [])
+    case = dict(heads=4, kv_heads=2, dk=64, dv=64, ndt=3, splits=4, ctx=512, pool_slots=2048,
+                seq_lens=[p + 3 * draft_extend for p in prefixes], seq_lens_include_chain=draft_extend)
+    print("CORRECT", fault, run_case(**case, fault=fault, per_row=True))
+    print("FAULTED", fault, run_case(**case, fault=fault, ref_fault=fault, per_row=True))
 """
 
+FAULTS = ["causal_plus_one", "causal_minus_one", "drop_first_split", "middle_page_entry",
+          "drop_middle_split", "draft_extend_causal_plus_one", "draft_extend_causal_minus_one",
+          "draft_extend_drop_first_split"]
 
-@pytest.mark.parametrize("fault", ["causal_plus_one", "causal_minus_one", "drop_first_split"])
-def test_test_fault_switch_in_interpreter(fault):
+
+@pytest.fixture(scope="module")
+def fault_errors():
+    """``{(fault, "CORRECT" | "FAULTED"): largest (token, head) row error}`` of the kernel under
+    each of :data:`FAULTS` against the correct float64 reference and against the reference of that
+    fault: one interpreter subprocess for all of them (the import is most of a launch's time)."""
     code = FAULT_SCRIPT.format(test=str(ROOT / "test"))
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", code, fault], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-c", code, *FAULTS], env=env, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    got = {ln.split()[0]: float(ln.split()[1]) for ln in r.stdout.splitlines() if ln[:1].isupper()}
-    print(f"{fault}: largest row error against the correct reference {got['CORRECT']:.3f}, against "
-          f"the faulted one {got['FAULTED']:.1e}")
-    assert got["CORRECT"] > 0.1, f"{fault} left the kernel's output as it was"
-    assert got["FAULTED"] < 1e-4, f"{fault}: the kernel computed another fault than the reference's"
+    return {(f, kind): float(err) for kind, f, err in
+            (ln.split() for ln in r.stdout.splitlines() if ln.startswith(("CORRECT", "FAULTED")))}
+
+
+def test_every_kernel_fault_is_checked_in_the_interpreter():
+    from sglang_verify_graph.kernel import TEST_FAULTS
+
+    assert sorted(FAULTS) == sorted(TEST_FAULTS)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_test_fault_switch_in_interpreter(fault_errors, fault):
+    correct, faulted = fault_errors[fault, "CORRECT"], fault_errors[fault, "FAULTED"]
+    print(f"{fault}: largest row error against the correct reference {correct:.3f}, against "
+          f"the faulted one {faulted:.1e}")
+    assert correct > 0.1, f"{fault} left the kernel's output as it was"
+    assert faulted < 1e-4, f"{fault}: the kernel computed another fault than the reference's"

@@ -40,12 +40,13 @@ whose first ``seq_lens + num_draft_tokens`` page-table entries are valid slot id
 with row 0 and ``seq_len_fill_value = 1``): they read valid slots and never touch real rows.
 
 Test faults (tests only): ``chain_verify_attention_fwd(..., fault=NAME)`` with a name of
-:data:`TEST_FAULTS` computes that wrong attention (``causal_plus_one``: draft position ``j`` also
-sees key ``seq_lens + j + 1``, within the chain; ``causal_minus_one``: it does not see its own
-key; ``drop_first_split``: a request with more than one KV split does not read the keys of its
-first split), so that a test can show it changes output tokens. ``fault=None`` (the default)
-launches the same build as a kernel without the switch. The kernel reads no environment
-variable: the verify backend passes the fault its config parsed
+:data:`TEST_FAULTS` computes that wrong attention (``causal_plus_one``, ``causal_minus_one``,
+``drop_first_split``, ``middle_page_entry``, ``drop_middle_split`` on verify launches; their
+``draft_extend_`` namesakes of the first three on draft-extend launches), so that a server test
+can show it changes output tokens; ``fault=None`` (the default) launches the same build as a
+kernel without the switch. :mod:`sglang_verify_graph.kernel.faults` states the arithmetic of each
+(a contract that :func:`chain_verify_attention_ref` computes and test models simulate). The
+kernel reads no environment variable: the chain backends pass the fault their config parsed
 (``SGLANG_VERIFY_GRAPH_TEST_FAULT``, ``sglang_verify_graph.env``).
 """
 
@@ -57,6 +58,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from sglang_verify_graph.kernel.faults import (  # noqa: F401 (TEST_FAULTS: the kernel's API)
+    DRAFT_EXTEND_TEST_FAULTS,
+    TEST_FAULTS,
+    check_test_fault,
+    visible_columns,
+)
 from sglang_verify_graph.kernel.triton_chain import _chain_verify_stage1, _chain_verify_stage2
 
 # Keys per split never go below this (tokens): short contexts use fewer splits.
@@ -73,9 +80,6 @@ BLOCK_R_CHOICES = (16, 32)
 # next key block): MLA's 512-wide latent at 32 rows takes 106 KB at 2 stages and 70 KB at 1 with
 # Triton 3.6 and 3.8, and sm_86/89/120 parts offer 99 KB (test/cpu/test_chain_kernel_arch_fit.py).
 STAGE1_NUM_STAGES = (2, 1)
-
-TEST_FAULTS = {"causal_plus_one": 1, "causal_minus_one": 2, "drop_first_split": 3}
-"""Test fault name -> stage 1's ``FAULT`` constexpr (0: no fault)."""
 
 
 @dataclass(frozen=True)
@@ -278,19 +282,17 @@ def chain_verify_attention_fwd(
     the length *with* the chain (``DRAFT_EXTEND_V2``: prefix + num_draft_tokens); the kernel then
     uses ``max(seq_lens - num_draft_tokens, 0)`` as the prefix, so a padded row with SGLang's
     ``seq_len_fill_value = 1`` reads only its ``num_draft_tokens`` chain slots. ``fault``: a name
-    of :data:`TEST_FAULTS` (tests only; module docstring) or None. Launch settings come from
+    of :data:`TEST_FAULTS` of this launch (tests only; ``kernel.faults`` states the
+    arithmetic), or None (the build without the switch). Launch settings come from
     :func:`launch_config`, with stage 1's pipeline depth lowered on a device whose shared memory
     cannot hold the default (:func:`choose_num_stages`).
 
     Raises:
         ValueError: inconsistent shapes or strides, a workspace too small for the batch, an
-            unknown ``fault``, or a fault with ``seq_lens_include_chain`` (one line each).
+            unknown ``fault``, or a fault of the other launch (a ``draft_extend_`` fault without
+            ``seq_lens_include_chain``, a verify fault with it); one line each.
     """
-    if fault is not None and fault not in TEST_FAULTS:
-        raise ValueError(f"chain verify: fault {fault!r}: use one of {', '.join(TEST_FAULTS)} or None")
-    if fault is not None and seq_lens_include_chain:
-        raise ValueError("chain verify: a test fault applies to the verify launch only "
-                         "(seq_lens_include_chain=False)")
+    check_test_fault(fault, seq_lens_include_chain)
     cfg1, cfg2 = launch_config(shape, logit_cap > 0, bool(seq_lens_include_chain))
     if fault is not None:
         cfg1["FAULT"] = TEST_FAULTS[fault]
@@ -315,37 +317,31 @@ def chain_verify_attention_ref(
     num_draft_tokens: int, sm_scale: float, logit_cap: float = 0.0,
     seq_lens_include_chain: bool = False, fault: str | None = None, num_kv_splits: int = 1,
 ) -> torch.Tensor:
-    """Plain PyTorch float64 reference of the same function (slow; for tests). Returns [T, H, Dv].
+    """Plain PyTorch float64 reference of the same function (slow; for tests). Returns [T, H, Dv]
+    float64.
 
-    ``fault``: one of :data:`TEST_FAULTS` (or None), computed as the kernel's test fault switch
-    computes it (not for ``seq_lens_include_chain``); ``drop_first_split`` needs the launch's
-    ``num_kv_splits``. Raises ValueError for another fault name."""
-    if fault is not None and fault not in TEST_FAULTS:
-        raise ValueError(f"chain verify reference: fault {fault!r}: use one of {', '.join(TEST_FAULTS)}")
-    if seq_lens_include_chain:
-        fault = None
+    ``fault``: a :data:`TEST_FAULTS` name of this launch (or None), computed as
+    :mod:`sglang_verify_graph.kernel.faults` states (``visible_columns``); ``num_kv_splits``: the
+    launch's split count (the split faults need it). A row left no visible key is NaN, as the
+    kernel's. Raises ValueError (one line) as :func:`chain_verify_attention_fwd` does for
+    ``fault``."""
+    check_test_fault(fault, seq_lens_include_chain, "chain verify reference")
     t, h, _ = q.shape
     kvh = k_buffer.shape[1]
     out = torch.empty(t, h, v_buffer.shape[2], dtype=torch.float64, device=q.device)
     for i in range(req_pool_indices.shape[0]):
         row = req_to_token[int(req_pool_indices[i])]
+        prefix = int(seq_lens[i])
+        if seq_lens_include_chain:
+            prefix = max(prefix - num_draft_tokens, 0)
         for jj in range(num_draft_tokens):
-            prefix = int(seq_lens[i])
-            if seq_lens_include_chain:
-                prefix = max(prefix - num_draft_tokens, 0)
-            n = prefix + jj + 1
-            first = 0
-            if fault == "causal_plus_one":
-                n = min(n + 1, prefix + num_draft_tokens)
-            elif fault == "causal_minus_one":
-                n -= 1
-            elif fault == "drop_first_split":
-                total = prefix + num_draft_tokens
-                eff = min(num_kv_splits, -(-total // MIN_KEYS_PER_SPLIT))
-                first = -(-total // eff) if eff > 1 else 0
-            locs = row[first:n].long()
+            cols = visible_columns(prefix, num_draft_tokens, jj, num_kv_splits, MIN_KEYS_PER_SPLIT, fault)
+            locs = row[cols].long()
             tt = i * num_draft_tokens + jj
             for hh in range(h):
+                if not cols:
+                    out[tt, hh] = float("nan")
+                    continue
                 g = hh // (h // kvh)
                 s = (k_buffer[locs, g].double() @ q[tt, hh].double()) * sm_scale
                 if logit_cap > 0:

@@ -8,9 +8,15 @@ rows (draft position x GQA head) of one KV head and one KV split, reads each key
 (fp32) and its log-sum-exp ``Att_Lse`` [T, H, splits] (fp32; ``-inf`` for a split with no visible
 key). Stage 2, grid ``(T, H)``: merges a row's splits by log-sum-exp into ``O`` [T, H, Dv].
 
-``FAULT`` (stage 1, tests only; 0: none): 1 ``causal_plus_one`` (draft position ``j`` also sees
-key ``prefix + j + 1``), 2 ``causal_minus_one`` (it does not see its own key), 3
-``drop_first_split`` (a request with more than one split reads no key of its first split).
+``FAULT`` (stage 1, tests only; 0: none; the launcher maps the fault names,
+:mod:`sglang_verify_graph.kernel.faults` states their arithmetic): 1 causal plus
+one (draft position ``j`` also sees key ``prefix + j + 1``, keys past the chain stay unread), 2
+causal minus one (it does not see its own key ``prefix + j``), 3 drop first split (a request with
+``eff_splits > 1`` reads no key of split 0), 4 middle page entry (a request with ``prefix > 0``
+reads the key and value of position ``prefix // 2`` from the slot ``req_to_token[req, prefix // 2
++ 1]``), 5 drop middle split (a request with ``eff_splits >= 3`` reads no key of split
+``eff_splits // 2``). Codes 1-3 serve the verify and the draft-extend (``CHAIN_IN_SEQ``) faults
+alike, with ``prefix`` the launch's own; ``FAULT == 0`` takes none of the fault branches.
 """
 
 import triton
@@ -49,8 +55,10 @@ def _chain_verify_stage1(
     split_len = tl.cdiv(total, eff_splits)
     start = split * split_len
     end = tl.minimum(start + split_len, total)
-    if FAULT == 3:  # test fault drop_first_split: the first of several splits reads no key
+    if FAULT == 3:  # test fault drop first split: the first of several splits reads no key
         end = tl.where((split == 0) & (eff_splits > 1), start, end)
+    if FAULT == 5:  # test fault drop middle split: split eff_splits // 2 of >= 3 reads no key
+        end = tl.where((split == eff_splits // 2) & (eff_splits >= 3), start, end)
 
     rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < NDT * GROUP
@@ -58,9 +66,9 @@ def _chain_verify_stage1(
     tok = b * NDT + j
     head = kvh * GROUP + rows % GROUP
     limit = prefix + j + 1  # keys [0, limit) are visible to draft position j
-    if FAULT == 1:  # test fault causal_plus_one (keys past the chain stay unread: end <= total)
+    if FAULT == 1:  # test fault causal plus one (keys past the chain stay unread: end <= total)
         limit = limit + 1
-    if FAULT == 2:  # test fault causal_minus_one
+    if FAULT == 2:  # test fault causal minus one
         limit = limit - 1
 
     offs_d = tl.arange(0, BLOCK_D)
@@ -80,7 +88,10 @@ def _chain_verify_stage1(
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < end
-            loc = tl.load(Req_to_token + req * stride_r2t + offs_n, mask=n_ok, other=0).to(tl.int64)
+            col = offs_n
+            if FAULT == 4:  # test fault middle page entry: position prefix // 2 reads the next slot
+                col = tl.where((offs_n == prefix // 2) & (prefix > 0), offs_n + 1, offs_n)
+            loc = tl.load(Req_to_token + req * stride_r2t + col, mask=n_ok, other=0).to(tl.int64)
             k = tl.load(
                 K_Buffer + loc[None, :] * stride_kbs + kvh * stride_kh + offs_d[:, None],
                 mask=n_ok[None, :] & d_ok[:, None], other=0.0,
