@@ -3,6 +3,8 @@
 Each case draws fresh random q / KV pool / page table (``req_to_token``) values, poisons the
 outputs and scratch with NaN, runs ``chain_verify_attention_fwd`` and compares with the float64
 PyTorch reference ``chain_verify_attention_ref`` by ``||out - ref|| / ||ref||``.
+
+``tp_rank_shapes`` gives the head shapes one tensor-parallel rank of the served models launches.
 """
 
 from __future__ import annotations
@@ -75,3 +77,40 @@ def run_case(*, heads: int, kv_heads: int, dk: int, dv: int, ndt: int, seq_lens:
     if per_row == "both":
         return whole, row
     return row if per_row else whole
+
+
+TP_SIZES = (2, 4, 8)
+
+
+def rank_heads(cfg: dict, tp: int) -> dict:
+    """``run_case``'s head arguments (``heads``, ``kv_heads``, ``dk``, ``dv``, ``rope``: counts and
+    elements) on one of ``tp`` tensor-parallel ranks of the HF config ``cfg`` (a ``config.json``
+    dict), as SGLang's attention backends see them: ``num_attention_heads / tp`` query heads; with
+    ``kv_lora_rank`` (MLA, absorbed) one latent KV head of ``kv_lora_rank + qk_rope_head_dim``
+    (V: its first ``kv_lora_rank``), rope tile ``qk_rope_head_dim``; else ``num_key_value_heads /
+    tp`` KV heads of ``head_dim``, at least one (SGLang replicates a KV head over the ranks that
+    share it). Raises ValueError when ``tp`` does not divide the query heads or the KV heads."""
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    if heads % tp or (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise ValueError(f"TP {tp} does not split {heads} query / {kv} KV heads evenly")
+    if cfg.get("kv_lora_rank"):
+        rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        return dict(heads=heads // tp, kv_heads=1, dk=rank + rope, dv=rank, rope=rope)
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return dict(heads=heads // tp, kv_heads=max(1, kv // tp), dk=hd, dv=hd, rope=0)
+
+
+def tp_rank_shapes() -> dict[str, dict]:
+    """``{"<model>_tp<N>": rank_heads(config, N)}`` for N in ``TP_SIZES``, from the model configs of
+    ``bench.models.dummy_models``: the verify targets ``kimi_k25`` (Kimi-K2.5's text model: 64
+    heads, MLA kv_lora 512 + rope 64: 32 / 16 / 8 heads on one latent), ``llama_8b`` (Llama-3.1-8B:
+    32 heads / 8 KV heads of 128: 16/4, 8/2, 4/1) and ``kimi_small`` (the multi-GPU tier's target,
+    8 heads, MLA: 4 / 2 / 1 heads on one latent); and the EAGLE-3 drafters whose draft extend runs
+    the chain kernel: ``kimi_k25_draft`` (64 / 64 heads of 128: groups of 1) and
+    ``kimi_small_draft`` (56 / 8 of 128: groups of 7). Llama-3.1-8B's drafter has the target's
+    heads."""
+    from bench.models import dummy_models as dm
+
+    configs = {"kimi_k25": dm.KIMI_K25_TEXT, "llama_8b": dm.llama_8b()[0], "kimi_small": dm.kimi_small()[0],
+               "kimi_k25_draft": dm.KIMI_K25_EAGLE3, "kimi_small_draft": dm.kimi_small()[1]}
+    return {f"{name}_tp{tp}": rank_heads(cfg, tp) for name, cfg in configs.items() for tp in TP_SIZES}

@@ -19,7 +19,19 @@ from pathlib import Path
 
 import pytest
 
+from kernel_cases import rank_heads, tp_rank_shapes
+
 ROOT = Path(__file__).resolve().parents[2]
+TP = tp_rank_shapes()
+
+
+def _at_tp(name: str, ndt: int, seq_lens: list, splits: int = 2, draft_extend: bool = False) -> tuple:
+    """A case (the tuple of ``CASES``) at the head shape of one tensor-parallel rank (``TP[name]``),
+    ``splits`` KV splits (few: the interpreter runs every program of the grid, empty splits too)."""
+    m = TP[name]
+    return (m["heads"], m["kv_heads"], m["dk"], m["dv"], ndt, seq_lens, m["rope"], splits, 0.0, "float32", 0,
+            draft_extend)
+
 
 CASES = [
     # heads, kv_heads, dk, dv, ndt, seq_lens, rope, splits, cap
@@ -40,6 +52,11 @@ CASES = [
     (8, 1, 192, 128, 4, [70, 1, 129], 64, 4, 0.0, "float32", 0, False, {"BLOCK_N": 16}),
     (8, 1, 192, 128, 3, [5, 1, 134], 64, 2, 0.0, "float32", 0, True, {"num_warps": 8}),
     (4, 2, 64, 64, 3, [5, 100, 200], 0, 8, 0.0, "float32", 0, False, {"BLOCK_N": 16, "num_stages": 1}),
+    # one tensor-parallel rank's heads (the cheapest of test_chain_kernel_gpu.py's TP cases):
+    _at_tp("kimi_small_tp8", 6, [70, 1]),        # 1 query head on the latent (multi-GPU tier, TP 8)
+    _at_tp("llama_8b_tp8", 6, [70, 1]),          # 4 query heads / 1 KV head of 128
+    _at_tp("kimi_k25_tp2", 6, [70]),             # 32 heads on the latent: 192 rows, six 32-row blocks
+    _at_tp("kimi_small_draft_tp8", 3, [8, 1, 73], draft_extend=True),  # groups of 7 query heads
 ]
 
 SCRIPT = """
@@ -72,6 +89,22 @@ def test_chain_kernel_matches_reference_in_interpreter(case):
     err = float(r.stdout.split("ERR")[-1])
     bound = 2e-3 if len(case) > 9 and case[9] == "float16" else 1e-4  # fp16 operands, fp32 accumulation
     assert err < bound, f"relative error {err:.3e}"
+
+
+def test_tp_rank_shapes_are_the_models_heads_per_rank():
+    """The TP cases' head shapes: Kimi-K2.5 (64 heads, MLA 512 + 64), Llama-3.1-8B (32 / 8 KV heads
+    of 128), kimi-small (8 heads, MLA) and its drafter (56 / 8 of 128) split over 2, 4 or 8 ranks;
+    a KV head fewer than the ranks is replicated; a split that is not even is refused."""
+    mla = dict(kv_heads=1, dk=576, dv=512, rope=64)
+    assert [TP[f"kimi_k25_tp{tp}"] for tp in (2, 4, 8)] == [dict(heads=h, **mla) for h in (32, 16, 8)]
+    assert [TP[f"kimi_small_tp{tp}"]["heads"] for tp in (2, 4, 8)] == [4, 2, 1]
+    assert [(TP[f"llama_8b_tp{tp}"]["heads"], TP[f"llama_8b_tp{tp}"]["kv_heads"]) for tp in (2, 4, 8)] == [
+        (16, 4), (8, 2), (4, 1)]
+    assert TP["llama_8b_tp8"]["dk"] == TP["llama_8b_tp8"]["dv"] == 128
+    assert (TP["kimi_small_draft_tp8"]["heads"], TP["kimi_small_draft_tp8"]["kv_heads"]) == (7, 1)
+    assert rank_heads(dict(num_attention_heads=32, num_key_value_heads=2, head_dim=64), 8)["kv_heads"] == 1
+    with pytest.raises(ValueError, match="TP 3"):
+        rank_heads(dict(num_attention_heads=64, num_key_value_heads=8, head_dim=128), 3)
 
 
 FAULT_SCRIPT = """
