@@ -361,7 +361,8 @@ def test_the_faulted_simulation_is_the_reference_forward_step_by_step(attn, faul
     maps, _, bf, _ = attn
     prompt = ap.attention_prompts(1, seed=12, lo=50, hi=51)[0]
     want = ap.simulate(maps, prompt, 40, NDT - 1, fault=fault)
-    assert _reference_simulate(maps, bf, prompt, 40, fault) == want
+    assert _reference_simulate(maps, bf, prompt, 40, fault) == {
+        k: want[k] for k in ("output_ids", "accepted")}
     assert want["output_ids"] != ap.simulate(maps, prompt, 40, NDT - 1)["output_ids"]
 
 

@@ -19,10 +19,12 @@ from bench.models.accept_pair.simulator import code_bits, make_class_maps, make_
 
 def _attention_target(target: dict, maps: dict, hidden: int, vocab: int, heads: int,
                       kv_heads: int, head_dim: int, rope_theta: float = ROPE_THETA,
-                      rope_scaling: dict | None = None) -> None:
+                      rope_scaling: dict | None = None, absorber: float = 0.0) -> None:
     """Turn the plain target (one-hot residual, zero ``o_proj``) into the attention pair's, in
     place: embedding bias dim, layer-0 self and BOS heads (:func:`bos_heads`), the code lm_head
-    (module docstring); the self head's planes follow ``rope_theta`` / ``rope_scaling``."""
+    (module docstring); the self head's planes follow ``rope_theta`` / ``rope_scaling``.
+    ``absorber``: a constant in the last residual dim of every token (read by nothing), so that
+    the RMSNorm of a row changes by little when its features do; 0: none."""
     import torch
 
     code, g = maps["code"], maps["g"]
@@ -37,7 +39,9 @@ def _attention_target(target: dict, maps: dict, hidden: int, vocab: int, heads: 
         raise ValueError(f"the attention pair needs hidden >= vocab + {nbits + 3}, got {hidden}")
     bos_q = bos_heads(heads, kv_heads)
     target["model.embed_tokens.weight"][:, dims["bias"]] = 1.0
-    r0 = 1.0 / (2.0 / hidden + RMS_EPS) ** 0.5  # normalized value of e_t and of the bias dim
+    if absorber:
+        target["model.embed_tokens.weight"][:, hidden - 1] = absorber
+    r0 = 1.0 / ((2.0 + absorber ** 2) / hidden + RMS_EPS) ** 0.5  # normalized e_t and bias dim
     scale = head_dim ** -0.5
     w = rope_inv_freq(head_dim, rope_theta, rope_scaling).double()
     p = "model.layers.0.self_attn."
@@ -94,12 +98,13 @@ def _attention_target(target: dict, maps: dict, hidden: int, vocab: int, heads: 
 def build_weights(maps: dict, hidden: int = HIDDEN, vocab: int = VOCAB, layers: int = LAYERS,
                   heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
                   intermediate: int = INTERMEDIATE, seed: int = 0, attention: bool = False,
-                  rope_theta: float = ROPE_THETA, rope_scaling: dict | None = None):
+                  rope_theta: float = ROPE_THETA, rope_scaling: dict | None = None,
+                  absorber: float = 0.0):
     """The two state dicts (HF names, float32 CPU tensors): ``(target, draft)``.
 
     ``attention``: the attention pair's target (``maps`` then needs ``"code"``, from
     :func:`make_codes`; its self head is built for ``rope_theta`` / ``rope_scaling``); the draft
-    is the same either way.
+    is the same either way. ``absorber``: see :func:`_attention_target` (attention pair only).
 
     Raises:
         ValueError: ``vocab > hidden // 2`` or ``intermediate < 2 * vocab`` (no room for the
@@ -173,7 +178,7 @@ def build_weights(maps: dict, hidden: int = HIDDEN, vocab: int = VOCAB, layers: 
     }
     if attention:
         _attention_target(target, maps, hidden, vocab, heads, kv_heads, head_dim, rope_theta,
-                          rope_scaling)
+                          rope_scaling, absorber)
     return target, draft
 
 def write_pair(out: str, agree: float = 0.7, seed: int = 0, attention: bool = False) -> tuple:

@@ -35,12 +35,31 @@ def main(argv=None) -> int:
     ap.add_argument("--attention", action="store_true",
                     help="write the attention pair (llama-pair-attn): its target's greedy token "
                          "goes through its verify attention")
+    ap.add_argument("--prefix", action="store_true",
+                    help="write the prefix-reading pair (llama-pair-prefix): its target's greedy "
+                         "token depends on every prefix position within --span, every layer's "
+                         "KV buffer and BOS; prompts need >= span + 2 tokens")
+    ap.add_argument("--span", type=int, default=None,
+                    help="with --prefix: the farthest offset its last layer reads (default 1024)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
                     help="write the pair at that model's shape (llama8b: Llama-3.1-8B and its "
                          "EAGLE-3 draft, pytorch_model.bin with shared storages, ~3.3 GB)")
     ap.add_argument("--dry-run", action="store_true",
                     help="with --shape: print the folders and weight bytes, write nothing")
     a = ap.parse_args(argv)
+    if a.span is not None and not a.prefix:
+        ap.error("--span: only with --prefix")
+    if a.prefix:
+        from bench.models.accept_pair.prefix import DEFAULT_SPAN, PREFIX_KV_HEADS, write_prefix_pair
+
+        if a.shape or a.attention or a.dry_run or (a.agree and len(a.agree) > 1):
+            ap.error("--prefix: not with --shape, --attention, --dry-run or several --agree values")
+        span = DEFAULT_SPAN if a.span is None else a.span
+        if span < PREFIX_KV_HEADS:
+            ap.error(f"--span {span}: want >= {PREFIX_KV_HEADS} (one offset per KV head)")
+        for d in write_prefix_pair(a.out, span, (a.agree or [0.7])[0], a.seed):
+            print(f"wrote {d}", flush=True)
+        return 0
     if a.shape is None:
         if a.dry_run:
             ap.error("--dry-run: only with --shape")

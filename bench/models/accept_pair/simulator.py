@@ -137,33 +137,38 @@ def attention_prompts(n: int = 16, seed: int = 11, lo: int = 30, hi: int = 300,
 
 
 def simulate(maps: dict, prompt: list, max_new_tokens: int, num_steps: int,
-             fault: str | None = None) -> dict:
+             fault: str | None = None, predict=None) -> dict:
     """Greedy EAGLE-3 (topk 1) on the maps: the output ids and the accepted drafts per cycle.
 
     The prefill emits ``g(prompt[-1])``; each cycle then drafts ``num_steps`` tokens, accepts the
     longest agreeing prefix (``a`` drafts) and emits ``a + 1`` tokens (capped at
-    ``max_new_tokens``). Returns ``{"output_ids": [...], "accepted": [a per cycle]}``; the
-    histogram SGLang reports counts these ``a`` values (index = accepted drafts).
-    ``fault``: the verify rows follow :func:`chain_predictions` under that fault (the attention
-    pair's maps, with ``"code"``; the prefill is not faulted), else the target map ``g``.
+    ``max_new_tokens``). Returns ``{"output_ids": [...], "accepted": [a per cycle], "steps":
+    [(prefix length, chain, a) per cycle]}``; the histogram SGLang reports counts the ``a`` values
+    (index = accepted drafts). ``fault``: the verify rows follow :func:`chain_predictions` under
+    that fault (the attention pair's maps, with ``"code"``; the prefill is not faulted), else the
+    target map ``g``. ``predict(prefix, chain) -> [greedy id per chain row]`` replaces both (a
+    pair with other verify rules, e.g. :mod:`bench.models.accept_pair.prefix_sim`).
     """
     g, d1, G = maps["g"], maps["d1"], maps["G"]
     inv = {c: i for i, c in enumerate(maps["code"])} if fault is not None else None
     y, b = prompt[-1], g[prompt[-1]]
-    out, accepted = [b], []
+    out, accepted, steps = [b], [], []
     while len(out) < max_new_tokens:
         drafts = [d1[y]]
         for _ in range(num_steps - 1):
             drafts.append(G[drafts[-1]])
         chain = [b] + drafts
-        preds = chain_predictions(maps, list(prompt) + out[:-1], chain, fault, inv)
+        prefix = list(prompt) + out[:-1]
+        preds = (predict(prefix, chain) if predict is not None
+                 else chain_predictions(maps, prefix, chain, fault, inv))
         a = 0
         while a < num_steps and drafts[a] == preds[a]:
             a += 1
         accepted.append(a)
+        steps.append((len(prefix), chain, a))
         out.extend(drafts[:a] + [preds[a]])
         y, b = chain[a], preds[a]
-    return {"output_ids": out[:max_new_tokens], "accepted": accepted}
+    return {"output_ids": out[:max_new_tokens], "accepted": accepted, "steps": steps}
 
 
 def accepted_histogram(accepted: list) -> list:
