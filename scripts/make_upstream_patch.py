@@ -80,6 +80,7 @@ TOTAL = 6
 NATIVE = {
     "sglang_verify_graph.kernel": "sglang.kernels.ops.attention.chain_verify",
     "sglang_verify_graph.kernel.triton_chain": "sglang.kernels.ops.attention.chain_verify_triton",
+    "sglang_verify_graph.kernel.faults": "sglang.kernels.ops.attention.chain_verify_faults",
     "sglang_verify_graph.errors": "sglang.srt.speculative.verify_graph_errors",
     "sglang_verify_graph.env": "sglang.srt.speculative.verify_graph_env",
     "sglang_verify_graph.config": "sglang.srt.speculative.verify_graph_config",
@@ -358,7 +359,7 @@ def build(src: Path, out: Path) -> list[Path]:
                     "heads) into one tile, masks per draft position (no tree mask), splits the KV. The\n"
                     "launcher (shapes, launch policy) is chain_verify.py, its two @triton.jit programs\n"
                     "chain_verify_triton.py.",
-                    [new("kernel.triton_chain"), new("kernel")]),
+                    [new("kernel.triton_chain"), new("kernel.faults"), new("kernel")]),
         (2, "server_args: --enable-verify-cuda-graph and its validation",
                     "Adds ServerArgs.enable_verify_cuda_graph and validates the resolved configuration at the\n"
                     "end of __post_init__ (EAGLE/EAGLE3 topk 1, a served attention backend, decode CUDA graphs\n"
