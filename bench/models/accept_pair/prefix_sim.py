@@ -66,21 +66,23 @@ def step_fault(name: str | None, prefix_len: int, num_draft_tokens: int,
         return PrefixFault()
     if name not in KERNEL_FAULTS:
         raise ValueError(f"fault {name!r}: use one of {', '.join(KERNEL_FAULTS)} or None")
-    if name == "causal_plus_one":
-        return PrefixFault(causal_shift=1)
-    if name == "causal_minus_one":
-        return PrefixFault(causal_shift=-1)
-    if name == "middle_page_entry":
-        m = prefix_len // 2
-        return PrefixFault(page=(m, m + 1))
     if name == "wrong_layer_kv":
         return PrefixFault(kv_layer=tuple([1] + list(range(layers - 1))))
-    if num_kv_splits is None:
+    if name.startswith("causal_"):
+        return PrefixFault(causal_shift=1 if name == "causal_plus_one" else -1)
+    if name.startswith("drop_") and num_kv_splits is None:
         raise ValueError(f"fault {name}: needs the launch's num_kv_splits")
-    bounds = split_bounds(prefix_len + num_draft_tokens, num_kv_splits)
-    if name == "drop_first_split":
-        return PrefixFault(drop=bounds[0] if len(bounds) >= 2 else None)
-    return PrefixFault(drop=bounds[len(bounds) // 2] if len(bounds) >= 3 else None)
+    # the kernel's contract for the last chain row: the columns it reads under the fault
+    from sglang_verify_graph.kernel.faults import visible_columns
+
+    j = num_draft_tokens - 1
+    cols = visible_columns(prefix_len, num_draft_tokens, j, num_kv_splits or 1,
+                           MIN_KEYS_PER_SPLIT, name)
+    moved = [(i, c) for i, c in enumerate(cols) if c != i]
+    if name == "middle_page_entry":
+        return PrefixFault(page=moved[0] if moved else None)
+    gone = sorted(set(range(prefix_len + num_draft_tokens)) - set(cols))
+    return PrefixFault(drop=(gone[0], gone[-1] + 1) if gone else None)
 
 
 class PrefixModel:
