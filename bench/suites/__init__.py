@@ -51,13 +51,14 @@ SUITES: dict[str, Suite] = {
         "64, feature mix, sampling; then compute-sanitizer memcheck on kernel cases and a server", 600,
         (st.ACCEPT_ST, st.ACCEPT_SHAPE_ST, st.RELIAB_KV1, st.RELIAB_KV64, st.RELIAB_MIX, st.RELIAB_SAMPLING,
          st.SANITIZER), parallel=True, total_s=1000),
-    "accept_attn": Suite(  # est (not measured): the longest of the 3 stages, +50% for running at once
+    "accept_attn": Suite(  # est (not measured): the longest stage (200 s) +80% for 9 stages at once
         "the attention pair (its greedy tokens go through the verify attention): greedy parity ours / "
         "upstream / plain with every accepted count at page 1 and 64, and ours under each chain-kernel "
         "test fault (SGLANG_VERIFY_GRAPH_TEST_FAULT) changing every output as simulated; the self-test's "
-        "upstream reference on the pair, and seeing a test fault", 300,
-        (st.ACCEPT_ATTN_P1, st.ACCEPT_ATTN_P64, st.ACCEPT_ATTN_FAULT, st.SELFTEST_ATTN, st.SELFTEST_FAULT),
-        parallel=True),
+        "upstream reference on the pair, and seeing a test fault; the same parity and each verify test "
+        "fault on the prefix-reading pair (1k-token prompts, outputs that read keys across the prefix)", 360,
+        (st.ACCEPT_ATTN_P1, st.ACCEPT_ATTN_P64, st.ACCEPT_ATTN_FAULT, st.SELFTEST_ATTN, st.SELFTEST_FAULT,
+         st.PREFIX_PAIR), parallel=True),
     "profile": Suite(
         "the per-phase profile on a real server: profile lines, counters, /metrics, the advisor on "
         "the log (PROFILE_MODEL)", 165, (st.PROFILE_ST,)),

@@ -183,8 +183,10 @@ class Runner:
     # -- the whole plan
     def make_pair(self) -> None:
         """The constructed-agreement pairs (real weights, ~100 MB each) for the stages that need
-        them: the plain pair, the attention pair (``--attention``)."""
-        for flag, extra in (("needs_pair", []), ("needs_attn_pair", ["--attention"])):
+        them: the plain pair, the attention pair (``--attention``), the prefix-reading pair
+        (``--prefix``, its default span: ``test_prefix_pair_e2e.py``'s)."""
+        for flag, extra in (("needs_pair", []), ("needs_attn_pair", ["--attention"]),
+                            ("needs_prefix_pair", ["--prefix"])):
             if not any(s != WAIT and getattr(s, flag) for s in self.st.plan):
                 continue
             path = os.path.join(self.logs, "make_models.txt")

@@ -59,7 +59,8 @@ class Stage:
     ``alone``: never beside other stages (timing; compute-sanitizer). ``memcheck`` ``kernel``:
     the command runs under compute-sanitizer; ``server``: the test servers do. ``needs_pair``:
     the constructed target/draft pair (``python3 -m bench models pair``, real weights) is made
-    first; ``needs_attn_pair``: its attention pair (``--attention``).
+    first; ``needs_attn_pair``: its attention pair (``--attention``); ``needs_prefix_pair``: the
+    prefix-reading pair (``--prefix``, span 1024).
     ``report``: its benchmark lines for the summary (``bench``, ``speedup``, ``capture``, ``kbench``,
     ``demo``, ``jit``) and ``results``: the JSON it writes in ``{work}``, copied into ``$OUT``.
     ``e2e_report``: its ``e2e_results.json`` lines (startup, parity, concurrency, counters).
@@ -78,6 +79,7 @@ class Stage:
     memcheck: str = ""
     needs_pair: bool = False
     needs_attn_pair: bool = False
+    needs_prefix_pair: bool = False
     report: str = ""
     results: str = ""
     e2e_report: bool = False

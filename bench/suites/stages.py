@@ -11,6 +11,7 @@ E2E = "test/e2e/test_server_e2e.py"
 RELIAB = "test/e2e/test_reliability_e2e.py"
 ACCEPT = "test/e2e/test_accept_length_e2e.py"
 ACCEPT_ATTN = "test/e2e/test_accept_attention_e2e.py"
+PREFIX_PAIR_E2E = "test/e2e/test_prefix_pair_e2e.py"
 MARLIN_JIT = "scripts/build_marlin_jit.py"
 
 # ------------------------------------------------------------------------------ kernel, self-test
@@ -88,6 +89,25 @@ def _accept_attn(name: str, k: str, est_s: int) -> Stage:
 ACCEPT_ATTN_P1 = _accept_attn("accept_attn_p1", "parity and not 64", 200)  # plain, upstream, ours at page 1
 ACCEPT_ATTN_P64 = _accept_attn("accept_attn_p64", "parity and 64", 140)  # upstream, ours at page 64
 ACCEPT_ATTN_FAULT = _accept_attn("accept_attn_fault", "fault", 200)  # ours with each of the 3 test faults
+
+
+def _prefix_pair(name: str, k: str, est_s: int) -> Stage:
+    return Stage(name, pytest_cmd("server", PREFIX_PAIR_E2E, "-k", k, stop_first=False), "PREFIX_PAIR_TMO", 420,
+                 est_s, needs_prefix_pair=True)
+
+
+# the prefix-reading pair (1k-token prompts whose every output reads keys across the prefix), one
+# test group each; est (not measured): ~60 s per server start and its 16 x 116 tokens, as the
+# attention pair's stages
+PREFIX_PAIR = Group("prefix_pair", (
+    _prefix_pair("prefix_p1", "parity and not 64", 200),  # plain, upstream, ours at page 1
+    _prefix_pair("prefix_p64", "parity and 64", 140),  # upstream, ours at page 64
+    # ours under drop_first_split, drop_middle_split (concurrency 1: the bs-1 bucket's split count),
+    # middle_page_entry
+    _prefix_pair("prefix_fault_split_page", "fault and (split or page)", 200),
+    _prefix_pair("prefix_fault_causal_layer", "fault and (causal or layer)", 200),  # causal +-1, wrong_layer_kv
+))
+
 # the self-test's upstream reference on the attention pair (attention reaches the logits), then
 # with a test fault in our kernel: the reference must see it (est, not measured: ~100 s each)
 SELFTEST_ATTN = Stage(
