@@ -59,6 +59,18 @@ SUITES: dict[str, Suite] = {
         "fault on the prefix-reading pair (1k-token prompts, outputs that read keys across the prefix)", 360,
         (st.ACCEPT_ATTN_P1, st.ACCEPT_ATTN_P64, st.ACCEPT_ATTN_FAULT, st.SELFTEST_ATTN, st.SELFTEST_FAULT,
          st.PREFIX_PAIR), parallel=True),
+    "scenarios": Suite(  # est (not measured): the longest stage (340 s) +75% for 9 stages at once
+        "serving situations that could corrupt KV, on the prefix-reading pair, every output token equal to "
+        "the simulation, ours and upstream: 1,000 requests with mid-flight aborts (0 KV tokens used after "
+        "/flush_cache), radix hits and eviction, forced and pool-pressure retraction, chunked prefill beside "
+        "decoding, 1-2k-token outputs, greedy + sampled + logprob in one batch, no overlap scheduler, batches "
+        "above the largest bucket (graph and eager verify mixed)", 600,
+        (st.SCEN_KV_P1, st.SCEN_KV_P64, st.SCEN_RADIX, st.SCEN_FORCED, st.SCEN_POOL, st.SCEN_CHUNKED, st.SCEN_LONG,
+         st.SCEN_MIXED, st.SCEN_OVERLAP), parallel=True, total_s=1000),
+    "soak": Suite(
+        "ten minutes (SOAK_S) at concurrency 32 on the prefix-reading pair, ours: mixed prompt lengths and "
+        "radix hits, every output exact, 0 KV tokens used after /flush_cache, no leak report", 720,
+        (st.SOAK_ST,), total_s=900),
     "profile": Suite(
         "the per-phase profile on a real server: profile lines, counters, /metrics, the advisor on "
         "the log (PROFILE_MODEL)", 165, (st.PROFILE_ST,)),
@@ -106,8 +118,8 @@ def suite_stages(name: str, environ: Mapping[str, str]) -> list[Stage]:
     return out
 
 
-ALL = ("demo", "kernel", "selftest", "mla", "reliability", "accept_attn", "e2e", "profile", "kbench", "bench",
-       "speedup")
+ALL = ("demo", "kernel", "selftest", "mla", "reliability", "accept_attn", "scenarios", "soak", "e2e", "profile",
+       "kbench", "bench", "speedup")
 SUITES["all"] = Suite(  # one stage at a time: the sum of the stages' estimates
     "every suite above, one stage at a time, except capture and parts (run them alone) and the shard "
     "suites (72 GiB models, their own calls); raise TOTAL_S",

@@ -132,6 +132,28 @@ RELIAB_KV64 = _reliab("reliab_kv64", "kv and 64", 265)       # page size 64: 265
 RELIAB_MIX = _reliab("reliab_mix", "mix", 340)               # feature mix: 338 s
 RELIAB_SAMPLING = _reliab("reliab_sampling", "sampling", 300)  # sampling: over 300 s on a cold FlashInfer cache
 
+SCENARIOS = "test/e2e/test_serving_scenarios_e2e.py"
+
+
+def _scenario(name: str, k: str, est_s: int) -> Stage:
+    """One group of test_serving_scenarios_e2e.py (on the prefix pair)."""
+    return Stage(name, pytest_cmd("server", SCENARIOS, "-k", k, stop_first=False), "SCENARIOS_TMO", 480, est_s,
+                 needs_prefix_pair=True)
+
+
+# est (not measured): ~45-60 s per server start + its requests; ours and upstream at page 1 and 64
+SCEN_KV_P1 = _scenario("scenarios_kv_p1", "kv_accounting and p1", 300)  # 1 server, 1000 requests, aborts
+SCEN_KV_P64 = _scenario("scenarios_kv_p64", "kv_accounting and p64", 300)
+SCEN_RADIX = _scenario("scenarios_radix", "radix", 280)  # 4 servers
+SCEN_FORCED = _scenario("scenarios_forced_retraction", "forced_retraction", 340)  # 4 servers
+SCEN_POOL = _scenario("scenarios_pool_pressure", "pool_pressure", 320)  # 4 servers
+SCEN_CHUNKED = _scenario("scenarios_chunked", "chunked", 300)  # 4 servers
+SCEN_LONG = _scenario("scenarios_long", "long_outputs", 280)  # 4 servers, 8 x 1-2k tokens
+SCEN_MIXED = _scenario("scenarios_mixed", "one_batch or bucket", 300)  # 4 servers (mixed batch, bucket)
+SCEN_OVERLAP = _scenario("scenarios_overlap", "overlap", 260)  # 4 servers
+SOAK_ST = Stage(  # est (not measured): one server start + SOAK_S (600) s + the idle checks
+    "soak", pytest_cmd("server", SCENARIOS, "-k", "soak"), "SOAK_TMO", 900, 720, needs_prefix_pair=True)
+
 _SAN_KERNEL = Stage(  # memcheck on 4 kernel cases: page-edge lengths 63..129 and mixed lengths, ndt 3, both shapes
     "sanitizer_kernel",
     pytest_cmd("gpu", "test/gpu/test_chain_kernel_gpu.py", "-k", "(seq_lens2 or seq_lens3) and (3-llama8b or 3-kimi_tp8)"),

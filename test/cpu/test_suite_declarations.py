@@ -38,6 +38,8 @@ WANT_FILES = {
     "profile": {"test/e2e/test_profile_e2e.py"},
     "accept_attn": {"test/e2e/test_accept_attention_e2e.py", "test/gpu/test_runner_selftest.py",
                     "test/e2e/test_prefix_pair_e2e.py"},
+    "scenarios": {"test/e2e/test_serving_scenarios_e2e.py"},
+    "soak": {"test/e2e/test_serving_scenarios_e2e.py"},
     "bench": {bench_file("verify")},
     "speedup": {bench_file("speedup")},
     "kbench": {bench_file("kernel")},
