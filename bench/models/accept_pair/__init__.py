@@ -2,6 +2,7 @@
 
     python -m bench models pair OUT_DIR [--agree 0.7] [--seed 0] [--attention]
     python -m bench models pair OUT_DIR --shape llama8b --attention [--agree 0.36,0.55,0.65,0.77]
+    python -m bench models pair OUT_DIR --draft-attention [--agree 0.7] [--seed 0]
 
 writes ``OUT_DIR/llama-pair`` (LlamaForCausalLM) and ``OUT_DIR/llama-pair-eagle3``
 (LlamaForCausalLMEagle3): config.json, tokenizer (``bench.models.dummy_models.write_model``) and
@@ -63,6 +64,13 @@ ids 0/1 share ``h`` (so no single fault makes the target emit pad or BOS).
   :func:`attention_prediction` is that rule, :func:`reference_logits` the float forward.
 * draft: the plain pair's. ``fc`` reads only the token dims of the aux states, so the bias and
   the features (correct or faulted) never reach it.
+
+The draft-attention pair (``--draft-attention``: ``OUT_DIR/llama-pair-draft-attn`` and its
+``-eagle3``; :mod:`bench.models.accept_pair.draft_attn`): the plain target with a draft whose
+proposals go through its own attention (self heads on the row's own key, valued by its input id;
+a BOS head), so a wrong draft-extend attention changes the accepted drafts while the target
+keeps the outputs; :mod:`.draft_attn_sim` predicts them under each draft-extend test fault,
+:mod:`.draft_reference` is the draft's float forward.
 
 The Llama-3.1-8B-shape pair (``--shape llama8b [--attention]``; :data:`LLAMA8B`, the timing of a
 real Llama-3.1-8B and its EAGLE-3 draft with an accept length set by construction) writes

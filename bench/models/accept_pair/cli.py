@@ -39,6 +39,10 @@ def main(argv=None) -> int:
                     help="write the prefix-reading pair (llama-pair-prefix): its target's greedy "
                          "token depends on every prefix position within --span, every layer's "
                          "KV buffer and BOS; prompts need >= span + 2 tokens")
+    ap.add_argument("--draft-attention", action="store_true",
+                    help="write the draft-attention pair (llama-pair-draft-attn): the plain "
+                         "target with a draft whose proposals go through its own (draft-extend) "
+                         "attention")
     ap.add_argument("--span", type=int, default=None,
                     help="with --prefix: the farthest offset its last layer reads (default 1024)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
@@ -49,6 +53,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.span is not None and not a.prefix:
         ap.error("--span: only with --prefix")
+    if a.draft_attention:
+        from bench.models.accept_pair.draft_attn import write_draft_attention_pair
+
+        if a.shape or a.attention or a.prefix or a.dry_run or (a.agree and len(a.agree) > 1):
+            ap.error("--draft-attention: not with --shape, --attention, --prefix, --dry-run or "
+                     "several --agree values")
+        for d in write_draft_attention_pair(a.out, (a.agree or [0.7])[0], a.seed):
+            print(f"wrote {d}", flush=True)
+        return 0
     if a.prefix:
         from bench.models.accept_pair.prefix import DEFAULT_SPAN, PREFIX_KV_HEADS, write_prefix_pair
 

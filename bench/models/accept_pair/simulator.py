@@ -137,7 +137,7 @@ def attention_prompts(n: int = 16, seed: int = 11, lo: int = 30, hi: int = 300,
 
 
 def simulate(maps: dict, prompt: list, max_new_tokens: int, num_steps: int,
-             fault: str | None = None, predict=None) -> dict:
+             fault: str | None = None, predict=None, first_draft=None) -> dict:
     """Greedy EAGLE-3 (topk 1) on the maps: the output ids and the accepted drafts per cycle.
 
     The prefill emits ``g(prompt[-1])``; each cycle then drafts ``num_steps`` tokens, accepts the
@@ -148,13 +148,18 @@ def simulate(maps: dict, prompt: list, max_new_tokens: int, num_steps: int,
     that fault (the attention pair's maps, with ``"code"``; the prefill is not faulted), else the
     target map ``g``. ``predict(prefix, chain) -> [greedy id per chain row]`` replaces both (a
     pair with other verify rules, e.g. :mod:`bench.models.accept_pair.prefix_sim`).
+    ``first_draft(y, step) -> id`` replaces ``D1(y)`` as a cycle's first draft (a draft with other
+    rules, e.g. :mod:`bench.models.accept_pair.draft_attn_sim`): ``y`` the last accepted token,
+    ``step`` None after the prefill, else the previous verify's ``(prefix length, chain, a,
+    preds)`` (``preds``: the greedy id per chain row).
     """
     g, d1, G = maps["g"], maps["d1"], maps["G"]
     inv = {c: i for i, c in enumerate(maps["code"])} if fault is not None else None
     y, b = prompt[-1], g[prompt[-1]]
     out, accepted, steps = [b], [], []
+    last = None
     while len(out) < max_new_tokens:
-        drafts = [d1[y]]
+        drafts = [d1[y] if first_draft is None else first_draft(y, last)]
         for _ in range(num_steps - 1):
             drafts.append(G[drafts[-1]])
         chain = [b] + drafts
@@ -168,6 +173,7 @@ def simulate(maps: dict, prompt: list, max_new_tokens: int, num_steps: int,
         steps.append((len(prefix), chain, a))
         out.extend(drafts[:a] + [preds[a]])
         y, b = chain[a], preds[a]
+        last = (len(prefix), chain, a, preds)
     return {"output_ids": out[:max_new_tokens], "accepted": accepted, "steps": steps}
 
 
