@@ -1,393 +1,408 @@
-"""The edits ``make_upstream_patch.py`` makes: to the plugin modules it copies into SGLang 0.5.16,
-and to the existing SGLang files the series changes.
+"""The edits ``make_upstream_patch.py`` makes to existing SGLang files (0.5.23 layout), and the
+new files it takes from ``scripts/upstream_pr/``.
 
-Copied modules: :data:`PROSE` rewrites mentions of the plugin's machinery in docstrings,
-:func:`drop_hook_table` drops the plugin's ``@hook(...)`` declarations (the series edits SGLang
-at the hooks' targets instead), and :data:`NATIVE_EXTRAS` holds the per-module changes the native
-code needs (the flag a ``ServerArgs`` field, SGLang classes imported instead of looked up).
+Each ``edit_<file>_<pr>(lines, rel)`` takes a file's lines (``rel``: its path in the patch, for
+messages) and returns them edited, anchored on lines of SGLang 0.5.23; a missing anchor raises
+:class:`AnchorError`, one line naming the file and the anchor. The ``_pr2`` edits apply to the
+text the ``_pr1`` edits produced (the series is cumulative).
 
-Existing files: each ``edit_<file>(lines, rel, ...)`` takes the file's lines (``rel``: its path in
-the patch, for messages) and returns them edited, anchored on stable lines of the pinned version;
-a missing anchor raises :class:`AnchorError` naming the file and the anchor. The edits call the
-native modules the series adds (``verify_graph_plan``, ``verify_cuda_graph_runner``,
-``verify_graph_draft_extend``, ``verify_graph_counters``, ``verify_graph_config``) through
-imports inside the edited functions, so SGLang imports them only where the code runs.
+PR 1 (target verify): ``srt/environ.py`` gets ``SGLANG_ENABLE_CHAIN_VERIFY``;
+``kernels/ops/attention/__init__.py`` inventories ``chain_verify_fwd``; ``TritonAttnBackend``
+(``srt/layers/attention/triton_backend.py``) decides ``use_chain_verify`` once at construction
+(``_can_use_chain_kernel``), imports the kernel only then, asks for the QLEN_ONLY verify mask
+(``maybe_create_verify_mask(is_read=False)``), reads no custom mask for the chain, hands the
+kernel its fp32 scratch (eager: ``_chain_workspace``; CUDA graphs: ``cuda_graph_attn_logits``) and
+offers each TARGET_VERIFY ``forward_extend`` call to it (``_forward_chain``) before the split-KV
+paths and ``extend_attention_fwd``, which serve every call it refuses.
+
+PR 2 (draft extend): ``SGLANG_ENABLE_CHAIN_DRAFT_EXTEND``; the draft's draft-extend backend
+(``is_draft_worker``, not ``skip_prefill``) decides ``use_chain_draft_extend`` and offers each
+``DRAFT_EXTEND_V2`` call to the same kernel with ``seq_lens_include_chain``.
 """
 
 from __future__ import annotations
 
-import ast
 import re
+from pathlib import Path
+
+TEMPLATES = Path(__file__).resolve().parent / "upstream_pr"
+DRAFT_EXTEND_BEGIN = "# <draft-extend>\n"
+DRAFT_EXTEND_END = "# </draft-extend>\n"
 
 
 class AnchorError(RuntimeError):
     pass
 
 
-# ---- the copied modules: prose, hook table, native transforms -------------------------------
-# Mentions of the plugin's own machinery in docstrings and comments -> their native counterparts.
-PROSE = (
-    ("``sglang_adapter.resolved``", "the adapter's resolved view"),
-    ("``sglang_adapter``", "``verify_graph_utils``"),
-    ("The command-line flag this plugin adds to SGLang's server arguments",
-     "The command-line flag that enables the verify graph"),
-    ("The plugin's flag", "The flag"),
-    ("The plugin's environment variables", "The verify graph's environment variables"),
-    ("belong to this plugin", "belong to this feature"),
-    ("(``cli.from_cli_args_hook`` refuses it)", "(refused at launch)"),
-    ("``plugin.forward_raw_hook``", "``ModelRunner._forward_raw``"),
-    ("(see plugin.build_verify_input_hook)", "(see build_eagle_verify_input)"),
-    ("see ``plugin.triton_factory``", "see ``create_triton_backend``"),
-    ("TARGET_VERIFY the plugin replaces", "TARGET_VERIFY the verify graph replaces"),
-    ("TARGET_VERIFY the plugin's graph replays", "TARGET_VERIFY the verify graph replays"),
-    ("``backends.py``", "``verify_graph_backends``"),
-    ("Policy for the hooks of ``plugin.py``", "Policy for ``capture_decode_graph``"),
-    ("(``sgl-kernel/sglang_verify_graph.kernel``)", "(``sglang.kernels.ops.attention.chain_verify``)"),
-    ("``sglang_verify_graph.kernel``", "``chain_verify``"),
-    ("sglang_verify_graph.kernel.workspace_numel", "chain_verify.workspace_numel"),
-    ("``capture.draft_extend_backend_for``", "``verify_graph_draft_extend.draft_extend_backend_for``"),
-    ("``draft_extend.draft_extend_backend_for``", "``verify_graph_draft_extend.draft_extend_backend_for``"),
-    (", ``plugin.verify_step_hook``", ""),
-    ("``debug.selftest.VerifyProbe``", "``verify_graph_probes.VerifyProbe``"),
-    ("``debug.make_", "``verify_graph_debug.make_"),
-    ("``debug.selftest``", "``verify_graph_selftest``"),
-    ("``plan.verify_plan``", "``verify_graph_plan.verify_plan``"),
-    ("``config.build_config``", "``verify_graph_config.build_config``"),
-)
-
-
-def drop_hook_table(text: str, module: str) -> str:
-    """``text`` without the plugin's hook table: ``@hook(...)`` decorators and the import of
-    ``sglang_verify_graph.hooks`` (the series edits SGLang at the hooks' targets instead)."""
-    tree, spans = ast.parse(text), []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module == "sglang_verify_graph.hooks" or (
-                node.module == "sglang_verify_graph" and [a.name for a in node.names] == ["hooks"])):
-            spans.append((node.lineno, node.end_lineno))
-        for dec in getattr(node, "decorator_list", []):
-            func = dec.func if isinstance(dec, ast.Call) else dec
-            if getattr(func, "id", getattr(func, "attr", None)) == "hook":
-                spans.append((dec.lineno, dec.end_lineno))
-    lines = text.splitlines(keepends=True)
-    for first, last in sorted(spans, reverse=True):
-        del lines[first - 1:last]
-    out = "".join(lines)
-    if re.search(r"\bhooks?\.(hook|table)\b", out):
-        raise AnchorError(f"{module}: uses the plugin's hook table beyond its decorators")
-    return out
-
-
-def _replace_line(text: str, old: str, new: str, module: str) -> str:
-    if old not in text:
-        raise AnchorError(f"{module}: expected line {old!r}")
-    return text.replace(old, new)
-
-
-NATIVE_IS_ENABLED = '''def is_enabled(server_args: Any, env: Optional[EnvSettings] = None) -> bool:
-    """Whether ``--enable-verify-cuda-graph`` is on for these server args: the field
-    ``enable_verify_cuda_graph`` is true, else :data:`ENV_ENABLE` is set to a true value (``env``:
-    the parsed environment; ``None`` reads it with :func:`read_env`, only when the field is off).
-    Raises VerifyGraphConfigError from :func:`read_env` on a malformed variable."""
-    if getattr(server_args, "enable_verify_cuda_graph", False):
-        return True
-    return (read_env() if env is None else env).enable
-'''
-
-NATIVE_CHANNELS = '''Two channels carry "the flag is on": the ``ServerArgs`` field ``enable_verify_cuda_graph``
-(``--enable-verify-cuda-graph``, ``sglang.Engine(enable_verify_cuda_graph=True)``), and the
-environment variable :data:`ENV_ENABLE`, which spawned scheduler processes inherit.
-
-'''
-
-
-def native_config(text: str) -> str:
-    # Native: the flag is a real ServerArgs field (the plugin carries it in the environment only).
-    text, n = re.subn(r"One channel carries .*?\n\n", NATIVE_CHANNELS, text, count=1, flags=re.S)
-    if not n:
-        raise AnchorError("verify_graph_config: expected the paragraph 'One channel carries ...'")
-    text = replace_definition(text, "verify_graph_config", "is_enabled", NATIVE_IS_ENABLED)
-    return _replace_line(text, "is_enabled(env)", "is_enabled(server_args, env)", "verify_graph_config")
-
-
-def _name_triton_backend(text: str, line: str, module: str) -> str:
-    """``text`` with ``line``'s ``adapter.triton_attn_backend_cls()`` replaced by SGLang's
-    ``TritonAttnBackend`` (natively the class is imported, not looked up), and that import."""
-    text = _replace_line(text, line, line.replace("adapter.triton_attn_backend_cls()", "TritonAttnBackend"), module)
-    return _add_import(text, "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend")
-
-
-def native_chain_backend(text: str) -> str:
-    return _name_triton_backend(text, "class _ChainTritonBackend(adapter.triton_attn_backend_cls()):",
-                                "chain_verify_backend")
-
-
-def native_runner(text: str) -> str:
-    text = _replace_line(text, "class VerifyCudaGraphRunner(adapter.decode_cuda_graph_runner_cls()):",
-                         "class VerifyCudaGraphRunner(DecodeCudaGraphRunner):", "verify_cuda_graph_runner")
-    return _add_import(text, "from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner")
-
-
-def native_draft_extend(text: str) -> str:
-    return _name_triton_backend(text, "    if type(backend) is not adapter.triton_attn_backend_cls():",
-                                "verify_graph_draft_extend")
-
-
-NATIVE_DEBUG_DOC = '''"""The verify graph's debug probes, off by default: the graph self-test and its NaN padding
-(``verify_graph_selftest``, ``SGLANG_VERIFY_GRAPH_SELFTEST`` / ``_SELFTEST_NAN``).
-
-The runner and the draft extend reach them only through the probe factories below; with the
-variables unset the probes do nothing.
-"""
-'''
-
-
-def native_debug(text: str) -> str:
-    # The plugin's debug package also holds the host-sync check and its hooks: not carried.
-    doc = ast.parse(text).body[0]
-    if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
-        raise AnchorError("verify_graph_debug: expected a module docstring")
-    return NATIVE_DEBUG_DOC + "".join(text.splitlines(keepends=True)[doc.end_lineno:])
-
-
-def _add_import(text: str, line: str) -> str:
-    lines = text.splitlines(keepends=True)
-    last = max(i for i, ln in enumerate(lines) if ln.startswith(("from ", "import ")))
-    if lines[last].rstrip().endswith("("):
-        while lines[last].strip() != ")":  # the end of a parenthesised import
-            last += 1
-    lines.insert(last + 1, line + "\n")
-    return "".join(lines)
-
-
-def top_level(tree: ast.Module) -> dict[str, tuple[ast.stmt, ast.stmt]]:
-    """Top-level functions and assignments: name -> (first node, last node), the last being the
-    string statement that documents an assignment, when there is one."""
-    out, body = {}, tree.body
-    for i, node in enumerate(body):
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            out[node.name] = (node, node)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            nxt = body[i + 1] if i + 1 < len(body) else None
-            doc = nxt if (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                          and isinstance(nxt.value.value, str)) else node
-            for t in targets:
-                if isinstance(t, ast.Name):
-                    out[t.id] = (node, doc)
-    return out
-
-
-def first_line(node: ast.stmt) -> int:
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-
-
-def replace_definition(text: str, module: str, name: str, new: str) -> str:
-    """``text`` with the top-level definition ``name`` (decorators included) replaced by ``new``."""
-    defs = top_level(ast.parse(text))
-    if name not in defs:
-        raise AnchorError(f"{module}: definition {name!r} not found")
-    first, last = defs[name]
-    lines = text.splitlines(keepends=True)
-    lines[first_line(first) - 1:last.end_lineno] = [new]
-    return "".join(lines)
-
-
-NATIVE_EXTRAS = {
-    "sglang_verify_graph.config": native_config,
-    "sglang_verify_graph.chain_backend": native_chain_backend,
-    "sglang_verify_graph.runner": native_runner,
-    "sglang_verify_graph.draft_extend": native_draft_extend,
-    "sglang_verify_graph.debug": native_debug,
-}
-"""Plugin module -> the change of its rewritten text that the native module needs."""
-
-
-# ---- edits of existing SGLang files ----------------------------------------------------------
-def _find(lines: list[str], needle: str, start: int, rel: str, exact: bool = False) -> int:
-    for i in range(start, len(lines)):
+# ---- anchors ---------------------------------------------------------------------------------
+def find(lines: list[str], needle: str, start: int, rel: str, exact: bool = False,
+         end: int | None = None) -> int:
+    """Index of the first line at or after ``start`` (before ``end``) that is ``needle``
+    (``exact``) or contains it. Raises AnchorError naming ``rel`` and the anchor."""
+    for i in range(start, len(lines) if end is None else end):
         if (lines[i].rstrip("\n") == needle) if exact else (needle in lines[i]):
             return i
     raise AnchorError(f"{rel}: anchor not found after line {start + 1}: {needle!r}")
 
 
-def edit_server_args(lines: list[str], rel: str, help_text: str) -> list[str]:
-    i = _find(lines, "    speculative_adaptive_config: A[", 0, rel)
-    j = _find(lines, "    ] = ", i, rel)
-    field = ["    enable_verify_cuda_graph: A[\n", "        bool,\n"]
-    field += [f"        {line}\n" for line in _wrap_str(help_text, 88)]
-    field += ["    ] = False\n"]
-    lines[j + 1:j + 1] = field
-    k = _find(lines, "        materialize_declarations(self)", j, rel, exact=True)
-    lines[k + 1:k + 1] = [
-        "\n",
-        "        # --enable-verify-cuda-graph needs the resolved configuration.\n",
-        "        self._handle_verify_cuda_graph()\n",
-        "\n",
-        "    def _handle_verify_cuda_graph(self):\n",
-        "        if not self.enable_verify_cuda_graph:\n",
-        "            return\n",
-        "        from sglang.srt.speculative.verify_graph_config import build_config\n",
-        "\n",
-        "        # Raises VerifyGraphConfigError (a ValueError): one line naming the flag and the fix.\n",
-        "        build_config(self)\n",
-    ]
+def block_end(lines: list[str], start: int) -> int:
+    """Index of the first non-blank line after ``start`` indented no deeper than line ``start``
+    (the end of the block ``start`` opens; ``len(lines)`` at the end of the file)."""
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    for i in range(start + 1, len(lines)):
+        if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent:
+            return i
+    return len(lines)
+
+
+def method(lines: list[str], signature: str, rel: str) -> tuple[int, int]:
+    """``(first, end)`` line indices of the method whose ``def`` line starts with ``signature``:
+    from that line to the next method, decorator or top-level statement."""
+    first = find(lines, signature, 0, rel)
+    if not lines[first].startswith(signature):
+        raise AnchorError(f"{rel}: anchor not found after line 1: {signature!r}")
+    for i in range(first + 1, len(lines)):
+        if re.match(r"(    )?(def |class |@)|[^\s#)]", lines[i]):
+            return first, i
+    return first, len(lines)
+
+
+def text_lines(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+# ---- srt/environ.py --------------------------------------------------------------------------
+def edit_environ_pr1(lines: list[str], rel: str) -> list[str]:
+    i = find(lines, "    SGLANG_ENABLE_SPLITKV_VERIFY = EnvBool(True)", 0, rel, exact=True)
+    lines[i + 1:i + 1] = text_lines(
+        "    # Split-KV chain kernel for the EAGLE topk == 1 target verify on the Triton\n"
+        "    # backend (CUDA): one program per KV head and KV split for all draft rows, reading\n"
+        "    # req_to_token. A call it does not serve (FP8 KV cache, sinks, sliding window, ...)\n"
+        "    # falls back to extend_attention_fwd.\n"
+        "    SGLANG_ENABLE_CHAIN_VERIFY = EnvBool(False)\n"
+    )
     return lines
 
 
-def _wrap_str(text: str, width: int) -> list[str]:
-    words, out, cur = text.split(), [], ""
-    for w in words:
-        if len(cur) + len(w) + 1 > width - 12:
-            out.append(cur)
-            cur = w
-        else:
-            cur = f"{cur} {w}" if cur else w
-    out.append(cur)
-    quoted = [f'"{line} "' for line in out[:-1]] + [f'"{out[-1]}",']
-    return quoted
-
-
-def edit_attention_registry(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "def create_triton_backend(runner):", 0, rel)
-    j = _find(lines, "    return TritonAttnBackend(runner)", i, rel, exact=True)
-    lines[j:j] = [
-        "    from sglang.srt.model_executor.runner import verify_graph_plan\n",
-        "\n",
-        "    # --enable-verify-cuda-graph: the EAGLE topk=1 target gets the chain verify backend.\n",
-        "    verify_plan = verify_graph_plan.verify_plan(runner)\n",
-        "    if verify_plan.kind == verify_graph_plan.CHAIN:\n",
-        "        from sglang.srt.layers.attention.chain_verify_backend import (\n",
-        "            ChainVerifyTritonBackend,\n",
-        "        )\n",
-        "\n",
-        "        return ChainVerifyTritonBackend(runner, verify_plan.config)\n",
-        "\n",
-    ]
+def edit_environ_pr2(lines: list[str], rel: str) -> list[str]:
+    i = find(lines, "    SGLANG_ENABLE_CHAIN_VERIFY = EnvBool(False)", 0, rel, exact=True)
+    lines[i + 1:i + 1] = text_lines(
+        "    # The same kernel for the draft's DRAFT_EXTEND_V2 (Triton backend, CUDA, topk == 1).\n"
+        "    SGLANG_ENABLE_CHAIN_DRAFT_EXTEND = EnvBool(False)\n"
+    )
     return lines
 
 
-def edit_cuda_graph_setup(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "def capture_decode_graph(", 0, rel)
-    j = _find(lines, "        runner = graph_runners[model_runner.device](model_runner)", i, rel, exact=True)
-    lines[j:j + 1] = [
-        "        from sglang.srt.model_executor.runner import verify_graph_plan\n",
-        "\n",
-        "        if verify_graph_plan.runner_kind(model_runner) is not None:\n",
-        "            # --enable-verify-cuda-graph: dedicated topk=1 TARGET_VERIFY runner (its capture\n",
-        "            # timed and its GPU memory counted; out of memory is a one-line error).\n",
-        "            from sglang.srt.model_executor.runner.verify_cuda_graph_runner import (\n",
-        "                VerifyCudaGraphRunner,\n",
-        "            )\n",
-        "\n",
-        "            runner = VerifyCudaGraphRunner(model_runner)\n",
-        "        else:\n",
-        "            # Flag on but the target's attention backend is not one the verify graph\n",
-        "            # serves: a one-line error, not upstream's runner.\n",
-        "            verify_graph_plan.refuse_if_flag_lost(model_runner)\n",
-        "            runner = graph_runners[model_runner.device](model_runner)\n",
-    ]
+# ---- kernels/ops/attention/__init__.py -------------------------------------------------------
+def edit_attention_ops_pr1(lines: list[str], rel: str) -> list[str]:
+    i = find(lines, '    ("verify_splitkv", "verify_splitkv_fwd"),', 0, rel, exact=True)
+    lines[i + 1:i + 1] = ['    ("chain_verify", "chain_verify_fwd"),\n']
     return lines
 
 
-def edit_model_runner(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "    def _forward_raw(", 0, rel)
-    j = _find(lines, "            can_run_graph = bool(", i, rel, exact=True)
-    k = _find(lines, "            # Replay cuda graph if applicable", j, rel, exact=True)
-    lines[k:k] = [
-        "            verify_counters = getattr(self.decode_cuda_graph_runner, \"counters\", None)\n",
-        "            if (\n",
-        "                not can_run_graph\n",
-        "                and verify_counters is not None\n",
-        "                and forward_batch.forward_mode.is_target_verify()\n",
-        "            ):\n",
-        "                # --enable-verify-cuda-graph: this verify runs without the verify graph;\n",
-        "                # counted under the reason its can_run_graph recorded.\n",
-        "                verify_counters.count_eager_verify(forward_batch.batch_size)\n",
-        "            if forward_batch.forward_mode.is_draft_extend_v2():\n",
-        "                from sglang.srt.speculative import verify_graph_draft_extend\n",
-        "\n",
-        "                # --enable-verify-cuda-graph: a draft extend that runs without the draft-extend\n",
-        "                # graph (its replays never come here), counted when the chain backend serves it.\n",
-        "                verify_graph_draft_extend.count_eager_draft_extend(self)\n",
-        "\n",
-    ]
+# ---- srt/layers/attention/triton_backend.py --------------------------------------------------
+CAN_USE_CHAIN_KERNEL = '''def _can_use_chain_kernel(
+    topk, sliding_window_size, dcp_size, enable_deterministic, kv_index_translator
+):
+    # The split-KV chain kernel (chain_verify_fwd) reads req_to_token slot ids of a
+    # causal chain: CUDA, topk == 1, and no sliding window, decode context
+    # parallelism, deterministic inference or translated (unified) KV ids.
+    return (
+        _is_cuda
+        and topk == 1
+        and not (sliding_window_size is not None and sliding_window_size > 0)
+        and dcp_size == 1
+        and not enable_deterministic
+        and not getattr(kv_index_translator, "is_translating", False)
+    )
+
+
+'''
+
+INIT_CHAIN = '''        # Split-KV chain kernel for the topk == 1 target verify (CUDA; forward_extend
+        # falls back to the paths below for each call it does not serve).
+        self.use_chain_verify = (
+            envs.SGLANG_ENABLE_CHAIN_VERIFY.get()
+            and not self.is_draft_runner
+            and _can_use_chain_kernel(
+                self.topk,
+                self.sliding_window_size,
+                self.dcp_size,
+                self.enable_deterministic,
+                self.kv_index_translator,
+            )
+        )
+        if self.use_chain_verify:
+            from sglang.kernels.ops.attention.chain_verify import (
+                chain_verify_fwd,
+                workspace_numel_bound,
+            )
+
+            self.chain_verify_fwd = torch.compiler.disable(chain_verify_fwd)
+            self.chain_workspace_numel = workspace_numel_bound
+'''
+
+EAGER_VERIFY = '''            if self.use_chain_verify:
+                # topk == 1: the tree is the causal chain, so no mask is read; the
+                # chain kernel gets its fp32 scratch here (forward_extend).
+                custom_mask = None
+                attn_logits, attn_lse = self._chain_workspace(bs, num_tokens_per_req)
+'''
+
+DISPATCH = '''        # Split-KV chain kernel (topk == 1, CUDA): reads req_to_token and returns
+        # False, writing nothing, for a call it does not serve.
+        if (
+            score_mod is None
+            and self._chain_serves(forward_batch.forward_mode)
+            and self._forward_chain(
+                q,
+                o,
+                layer,
+                forward_batch,
+                causal,
+                logits_soft_cap,
+                sinks,
+                sliding_window_size,
+                k_descale,
+                v_descale,
+            )
+        ):
+            return o
+
+'''
+
+CHAIN_METHODS = '''    def _chain_serves(self, forward_mode: ForwardMode) -> bool:
+        """Whether forward_extend offers a batch of ``forward_mode`` to the chain kernel."""
+        return self.use_chain_verify and forward_mode.is_target_verify()
+
+    def _chain_workspace(self, bs: int, num_tokens_per_req: int):
+        """Fresh fp32 scratch ``(attn_logits, attn_lse)`` (1-D) of the chain kernel for an
+        eager batch of ``bs`` requests; CUDA graphs use ``cuda_graph_attn_logits`` / ``_lse``,
+        which hold it too (``max_num_tokens`` rows of ``max_kv_splits`` splits)."""
+        n_out, n_lse = self.chain_workspace_numel(
+            self.num_head,
+            self.v_head_dim,
+            num_tokens_per_req,
+            bs,
+            self.max_kv_splits,
+            self.device_core_count,
+        )
+        return (
+            torch.empty(n_out, dtype=torch.float32, device=self.device),
+            torch.empty(n_lse, dtype=torch.float32, device=self.device),
+        )
+
+    def _forward_chain(
+        self,
+        q: torch.Tensor,
+        o: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        causal: bool,
+        logits_soft_cap: float,
+        sinks: Optional[torch.Tensor],
+        sliding_window_size: int,
+        k_descale: float,
+        v_descale: float,
+    ) -> bool:
+        """Run the chain kernel for ``layer`` (``chain_verify_fwd``, after the KV write) and
+        return True, or return False, writing nothing, for a call it does not serve (ragged
+        verify, FP8 KV cache, sinks, ...): the caller then runs ``extend_attention_fwd``.
+        Reads no tensor values, so it is safe inside CUDA-graph capture."""
+        metadata = self.forward_metadata
+        spec_info = forward_batch.spec_info
+        if (
+            metadata.attn_logits is None
+            or getattr(spec_info, "ragged_verify_layout", None) is not None
+        ):
+            return False
+        num_tokens_per_req = self._target_verify_num_tokens_per_req(spec_info)
+        return self.chain_verify_fwd(
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            num_tokens_per_req,
+            layer.scaling,
+            metadata.attn_logits,
+            metadata.attn_lse,
+            max_kv_splits=self.max_kv_splits,
+            num_sms=self.device_core_count,
+            logit_cap=logits_soft_cap or 0.0,
+            is_causal=causal,
+            sliding_window_size=sliding_window_size,
+            sinks=sinks,
+            xai_temperature_len=layer.xai_temperature_len,
+            k_scale=k_descale,
+            v_scale=v_descale,
+        )
+
+'''
+
+
+def _replace_in(lines, start, end, old: str, new: str, rel: str) -> int:
+    """Replace the line ``old`` (exact) between ``start`` and ``end`` by ``new`` (one or more
+    lines); returns its index."""
+    i = find(lines, old, start, rel, exact=True, end=end)
+    lines[i:i + 1] = text_lines(new)
+    return i
+
+
+def edit_triton_backend_pr1(lines: list[str], rel: str) -> list[str]:
+    # the construction-time decision, next to _should_use_verify_shared_kv
+    i = find(lines, "def logit_capping_mod(logit_capping_method, logit_cap):", 0, rel, exact=True)
+    lines[i:i] = text_lines(CAN_USE_CHAIN_KERNEL)
+
+    # __init__: after the last attribute the decision reads
+    first, end = method(lines, "    def __init__(", rel)
+    i = find(lines, "        self.is_draft_runner = model_runner.is_draft_worker", first, rel,
+             exact=True, end=end)
+    lines[i + 1:i + 1] = ["\n"] + text_lines(INIT_CHAIN)
+
+    # eager TARGET_VERIFY metadata: no custom mask, the kernel's scratch
+    first, end = method(lines, "    def init_forward_metadata(self, forward_batch: ForwardBatch):", rel)
+    branch = find(lines, "        elif forward_batch.forward_mode.is_target_verify():", first, rel,
+                  exact=True, end=end)
+    i = find(lines, "            attn_lse = None", branch, rel, exact=True, end=block_end(lines, branch))
+    lines[i + 1:i + 1] = text_lines(EAGER_VERIFY)
+
+    # CUDA-graph state: the QLEN_ONLY mask (its build is not read by the chain)
+    first, end = method(lines, "    def init_cuda_graph_state(", rel)
+    i = find(lines, "        self._verify_mask = maybe_create_verify_mask(", first, rel, exact=True,
+             end=end)
+    lines[i:i] = ["        # The chain kernel reads no mask: QLEN_ONLY (is_read=False) for it.\n"]
+    _replace_in(lines, i, block_end(lines, i + 1), "            is_read=True,",
+                "            is_read=not self.use_chain_verify,\n", rel)
+
+    # CUDA-graph replay: no tree-mask copy for the chain
+    first, end = method(lines, "    def _update_target_verify_buffers(", rel)
+    _replace_in(lines, first, end,
+                "        if spec_info is not None and spec_info.custom_mask is not None:",
+                "        if (\n"
+                "            spec_info is not None\n"
+                "            and spec_info.custom_mask is not None\n"
+                "            and not self.use_chain_verify\n"
+                "        ):\n", rel)
+
+    # CUDA-graph capture metadata: no custom mask, the kernel's scratch
+    first, end = method(lines, "    def _build_cuda_graph_forward_metadata(", rel)
+    branch = find(lines, "        elif forward_mode.is_target_verify():", first, rel, exact=True,
+                  end=end)
+    stop = block_end(lines, branch)
+    i = find(lines, "                and spec_info.custom_mask is not None", branch, rel, exact=True,
+             end=stop)
+    lines[i + 1:i + 1] = ["                and not self.use_chain_verify\n"]
+    stop += 1
+    _replace_in(lines, branch, stop, "                attn_logits=None,",
+                "                attn_logits=(\n"
+                "                    self.cuda_graph_attn_logits if self.use_chain_verify else None\n"
+                "                ),\n", rel)
+    stop += 2
+    _replace_in(lines, branch, stop, "                attn_lse=None,",
+                "                attn_lse=self.cuda_graph_attn_lse if self.use_chain_verify else None,\n",
+                rel)
+
+    # forward_extend: the chain kernel before the split-KV verify paths
+    first, end = method(lines, "    def forward_extend(", rel)
+    i = find(lines, "        # Split-KV EAGLE-verify fast path (ROCm/Triton). On target-verify", first,
+             rel, exact=True, end=end)
+    lines[i:i] = text_lines(DISPATCH)
+
+    i = find(lines, "    def _forward_extend_kernel(self, layer, *args, **kwargs):", 0, rel, exact=True)
+    lines[i:i] = text_lines(CHAIN_METHODS)
     return lines
 
 
-def edit_eagle_worker_common(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "def build_eagle_verify_input(", 0, rel)
-    j = _find(lines, "        return EagleVerifyInput.create_idle_input(", i, rel)
-    k = _find(lines, "        )", j, rel, exact=True)
-    lines[k + 1:k + 1] = [
-        "\n",
-        "    if topk == 1:\n",
-        "        from sglang.srt.model_executor.runner import verify_graph_plan\n",
-        "\n",
-        "        target_runner = target_worker.model_runner\n",
-        "        if verify_graph_plan.runner_kind(target_runner) == verify_graph_plan.CHAIN:\n",
-        "            # The chain verify kernel reads no tree mask: build the smallest one.\n",
-        "            tree_mask_mode = TreeMaskMode.QLEN_ONLY\n",
-    ]
+INIT_DRAFT_EXTEND = '''        # The same kernel for the draft's DRAFT_EXTEND_V2 (its draft-extend backend).
+        self.use_chain_draft_extend = (
+            envs.SGLANG_ENABLE_CHAIN_DRAFT_EXTEND.get()
+            and self.is_draft_runner
+            and not self.skip_prefill
+            and _can_use_chain_kernel(
+                self.topk,
+                self.sliding_window_size,
+                self.dcp_size,
+                self.enable_deterministic,
+                self.kv_index_translator,
+            )
+        )
+'''
+
+EAGER_DRAFT_EXTEND = '''            if (
+                self.use_chain_draft_extend
+                and forward_batch.forward_mode.is_draft_extend_v2()
+            ):
+                # The chain kernel's fp32 scratch (forward_extend).
+                attn_logits, attn_lse = self._chain_workspace(bs, self.num_draft_tokens)
+'''
+
+
+def edit_triton_backend_pr2(lines: list[str], rel: str) -> list[str]:
+    first, end = method(lines, "    def __init__(", rel)
+    i = find(lines, "        if self.use_chain_verify:", first, rel, exact=True, end=end)
+    lines[i:i + 1] = text_lines(INIT_DRAFT_EXTEND) + [
+        "        if self.use_chain_verify or self.use_chain_draft_extend:\n"]
+
+    # eager DRAFT_EXTEND_V2 metadata (the extend branch of init_forward_metadata)
+    first, end = method(lines, "    def init_forward_metadata(self, forward_batch: ForwardBatch):", rel)
+    i = find(lines, "        swa_out_cache_loc = None", first, rel, exact=True, end=end)
+    j = i - 1
+    while not lines[j].strip():
+        j -= 1
+    if lines[j].rstrip("\n") != "            num_kv_splits = None":
+        raise AnchorError(f"{rel}: expected '            num_kv_splits = None' before line {i + 1}")
+    lines[j + 1:j + 1] = text_lines(EAGER_DRAFT_EXTEND)
+
+    # CUDA-graph capture metadata of DRAFT_EXTEND_V2
+    first, end = method(lines, "    def _build_cuda_graph_forward_metadata(", rel)
+    branch = find(lines, "        elif forward_mode.is_draft_extend_v2():", first, rel, exact=True,
+                  end=end)
+    stop = block_end(lines, branch)
+    _replace_in(lines, branch, stop, "                attn_logits=None,",
+                "                attn_logits=(\n"
+                "                    self.cuda_graph_attn_logits\n"
+                "                    if self.use_chain_draft_extend\n"
+                "                    else None\n"
+                "                ),\n", rel)
+    stop += 4
+    _replace_in(lines, branch, stop, "                attn_lse=None,",
+                "                attn_lse=(\n"
+                "                    self.cuda_graph_attn_lse if self.use_chain_draft_extend else None\n"
+                "                ),\n", rel)
+
+    # the modes offered to the kernel, and the draft extend's lengths
+    first, end = method(lines, "    def _chain_serves(self, forward_mode: ForwardMode) -> bool:", rel)
+    _replace_in(lines, first, end,
+                "        return self.use_chain_verify and forward_mode.is_target_verify()",
+                "        return (self.use_chain_verify and forward_mode.is_target_verify()) or (\n"
+                "            self.use_chain_draft_extend and forward_mode.is_draft_extend_v2()\n"
+                "        )\n", rel)
+    first, end = method(lines, "    def _forward_chain(", rel)
+    _replace_in(lines, first, end,
+                "        num_tokens_per_req = self._target_verify_num_tokens_per_req(spec_info)",
+                "        # DRAFT_EXTEND_V2: seq_lens include the chain of num_draft_tokens.\n"
+                "        draft_extend = forward_batch.forward_mode.is_draft_extend_v2()\n"
+                "        num_tokens_per_req = (\n"
+                "            self.num_draft_tokens\n"
+                "            if draft_extend\n"
+                "            else self._target_verify_num_tokens_per_req(spec_info)\n"
+                "        )\n", rel)
+    first, end = method(lines, "    def _forward_chain(", rel)
+    i = find(lines, "            logit_cap=logits_soft_cap or 0.0,", first, rel, exact=True, end=end)
+    lines[i + 1:i + 1] = ["            seq_lens_include_chain=draft_extend,\n"]
     return lines
 
 
-def edit_draft_utils(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "    def create_draft_extend_backend(self):", 0, rel, exact=True)
-    j = _find(lines, "        return self._create_backend(", i, rel, exact=True)
-    k = _find(lines, "        )", j, rel, exact=True)
-    lines[j] = "        backend = self._create_backend(\n"
-    lines[k + 1:k + 1] = [
-        "        from sglang.srt.speculative import verify_graph_draft_extend\n",
-        "\n",
-        "        # --enable-verify-cuda-graph: the chain kernel serves the draft's DRAFT_EXTEND_V2 in\n",
-        "        # place of the triton extend kernel (SGLANG_VERIFY_GRAPH_DRAFT_EXTEND=upstream keeps it).\n",
-        "        return verify_graph_draft_extend.draft_extend_backend_for(\n",
-        "            self.draft_model_runner, backend\n",
-        "        )\n",
-    ]
-    return lines
-
-
-def edit_eagle_worker_v2(lines: list[str], rel: str) -> list[str]:
-    v = _find(lines, "    def verify(self, batch: ScheduleBatch):", 0, rel, exact=True)
-    w = _find(lines, "        return run_eagle_verify(", v, rel, exact=True)
-    lines[w:w] = [
-        "        from sglang.srt.model_executor.runner.verify_graph_counters import get_counters\n",
-        "\n",
-        "        verify_counters = get_counters()\n",
-        "        if verify_counters is not None:  # --enable-verify-cuda-graph: SGLang's own step count\n",
-        "            verify_counters.count_verify_step(batch.batch_size())\n",
-    ]
-    i = _find(lines, "    def _draft_extend_for_decode(", 0, rel)
-    j = _find(lines, "                draft_logits_output = self.cuda_graph_runner_for_draft_extend.execute(",
-              i, rel, exact=True)
-    k = _find(lines, "                )", j, rel, exact=True)
-    if lines[j + 1:k] != ["                    forward_batch\n"]:
-        raise AnchorError(f"{rel}: expected execute(forward_batch) after line {j + 1}")
-    lines[j:k + 1] = [
-        "                from sglang.srt.speculative import verify_graph_draft_extend\n",
-        "\n",
-        "                # --enable-verify-cuda-graph: each replay served by the chain draft-extend\n",
-        "                # backend is counted (and self-tested when the self-test is on).\n",
-        "                draft_logits_output = verify_graph_draft_extend.execute_draft_extend(\n",
-        "                    type(self.cuda_graph_runner_for_draft_extend).execute,\n",
-        "                    self.cuda_graph_runner_for_draft_extend,\n",
-        "                    forward_batch,\n",
-        "                )\n",
-    ]
-    return lines
-
-
-def edit_scheduler(lines: list[str], rel: str) -> list[str]:
-    i = _find(lines, "    def get_internal_state(self, recv_req: GetInternalStateReq):", 0, rel)
-    j = _find(lines, "        return GetInternalStateReqOutput(internal_state=msgspec_to_builtins(ret))", i, rel,
-              exact=True)
-    lines[j:j] = [
-        "        from sglang.srt.model_executor.runner.verify_graph_counters import get_counters\n",
-        "\n",
-        "        verify_counters = get_counters()\n",
-        "        if verify_counters is not None:  # --enable-verify-cuda-graph\n",
-        '            ret["verify_cuda_graph"] = verify_counters.snapshot()\n',
-        "\n",
-    ]
-    return lines
+# ---- new files from scripts/upstream_pr/ ------------------------------------------------------
+def template(name: str, draft_extend: bool) -> str:
+    """``scripts/upstream_pr/<name>`` as PR 1 (``draft_extend`` False: the lines between the
+    ``# <draft-extend>`` / ``# </draft-extend>`` markers dropped) or PR 2 (kept); the marker lines
+    never appear. Raises AnchorError on unbalanced markers."""
+    text = (TEMPLATES / name).read_text()
+    if text.count(DRAFT_EXTEND_BEGIN) != text.count(DRAFT_EXTEND_END):
+        raise AnchorError(f"scripts/upstream_pr/{name}: unbalanced draft-extend markers")
+    pattern = re.escape(DRAFT_EXTEND_BEGIN) + r"(.*?)" + re.escape(DRAFT_EXTEND_END)
+    return re.sub(pattern, (lambda m: m.group(1)) if draft_extend else "", text, flags=re.S)

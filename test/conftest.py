@@ -23,7 +23,7 @@ def _cuda_count() -> int:
 SGLANG_API_MODULES = (
     "test_sglang_versions", "test_real_server_args", "test_refusal_reasons", "test_serve_help",
     "test_refusal_without_gpu", "test_hook_installation", "test_plugin_wiring", "test_cli_hooks",
-    "test_launch_refusals", "test_runner_choice", "test_upstream_patch",
+    "test_launch_refusals", "test_runner_choice",
 )
 """The CPU tests that read what moves between SGLang releases (hook targets, server-args
 resolution, the graph runner's and the backends' surfaces): marked ``sglang_api``, the subset that
