@@ -5,7 +5,7 @@ table, the chain's K/V already written) and times, as CUDA-graph replays (median
 
   extend   extend_attention_fwd with the chain's tree mask (the backend's path on CUDA today)
   splitkv  verify_splitkv_fwd (one program per query head; MHA/GQA only)
-  shared   verify_shared_kv_fwd (grouped heads on one KV head: MLA or one KV head per rank)
+  shared   verify_shared_kv_fwd (grouped heads: MLA, or GQA with a power-of-two group)
   chain    chain_verify_fwd (this kernel)
 
 and each one's largest per-(token, head) relative difference from a float64 reference. A kernel
