@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Mutation testing of the policy modules with mutmut 3, against the CPU tier: every mutant of
-# config, backends, counters, buffers, runner and the hook module (plugin) should make a CPU test
-# fail. mutmut imports mutants from mutants/src, so this stages the package as src/ in a work
-# folder (the checkout is left untouched), copies the tests and what they read, and runs there.
+# Mutation testing of the package's modules with mutmut 3, against the CPU tier: every mutant of
+# a module named should make a CPU test fail. mutmut imports mutants from mutants/src, so this
+# stages the package as src/ in a work folder (the checkout is left untouched), copies the tests
+# and what they read, and runs there.
 #
-#   bash scripts/mutation_test.sh [module ...]      # default: the six policy modules
+#   bash scripts/mutation_test.sh [module ...]      # default: the six policy modules (config,
+#                                                   # backends, counters, buffers, runner, plugin)
+#   bash scripts/mutation_test.sh chain_backend debug/selftest plan compat/sglang_adapter \
+#       kernel/chain_verify_attention               # the kernel-side five
+#   A module is its path under python/sglang_verify_graph without ".py" (debug/selftest or
+#   debug.selftest). kernel/triton_chain holds only the two @triton.jit programs, which mutmut
+#   never mutates (it skips decorated functions): naming it adds no mutant.
 #   MUTATION_DIR=/tmp/verify_graph_mutation  PYTHON=.venv/bin/python  MUTATION_CHILDREN=2
 #   MUTATION_TESTS="test/cpu/test_static_buffers.py ..."   # test selection (default: test/cpu)
 #   MUTATION_DESELECT="test/cpu/x.py::test_y ..."         # tests left out (one that fails unmutated
@@ -22,7 +28,9 @@
 # re-run of the survivors a few minutes. Prints one line per mutant that was not killed, then per
 # module and in all: killed / total and the score (killed + timeout) / total. Mutants that survive
 # on purpose (equivalent, or unreachable on CPU) are listed in docs/testing.md; they are counted as
-# not killed here. Only in-process calls count: mutmut associates a test with a mutant by the
+# not killed here. $MUTATION_DIR/raw.txt is the run's record, kept as docs/runs/mutation/*.txt
+# (rendered into docs/testing.md by `python -m bench report`). The kernel-side five: ~2,000
+# mutants, ~75 min. Only in-process calls count: mutmut associates a test with a mutant by the
 # functions it ran in the pytest process, so a test that reaches a module only in a fresh
 # interpreter never runs against its mutants.
 #
@@ -36,28 +44,53 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
 W=${MUTATION_DIR:-/tmp/verify_graph_mutation}
-MODULES=${*:-config backends counters buffers runner plugin}
+MODULES=$(for m in ${*:-config backends counters buffers runner plugin}; do m=${m%.py}; echo "${m//.//}"; done)
+for m in $MODULES; do
+  [ -f "$ROOT/python/sglang_verify_graph/$m.py" ] || { echo "mutation_test.sh: no module python/sglang_verify_graph/$m.py" >&2; exit 2; }
+done
 TESTS=${MUTATION_TESTS:-test/cpu}
-# Test files that reach none of the six modules in-process (mutmut's stats run over the whole tier
-# recorded no hit from them: they test the kernel, benches, scripts, or start a fresh interpreter,
-# where mutmut cannot see which functions ran). mutmut runs the whole selection three times before
-# any mutant (stats, clean run, forced-fail run), and these files are ~20 of the tier's ~25
-# minutes on 2 cores. MUTATION_IGNORE="" keeps them (re-check after moving tests between files).
-IGNORE=${MUTATION_IGNORE-test_accept_pair test_advisor test_bench_baseline test_bench_capture
+# Test files that reach none of a group's modules in-process (mutmut's stats run over the whole
+# tier recorded no hit from them: they test other modules, benches, scripts, or start a fresh
+# interpreter, where mutmut cannot see which functions ran). mutmut runs the whole selection three
+# times before any mutant (stats, clean run, forced-fail run), and for the policy group these
+# files are ~20 of the tier's ~25 minutes on 2 cores. A run leaves out the files that every module
+# named lists (a module of no group keeps the whole tier). MUTATION_IGNORE="" keeps them all
+# (re-check the lists after moving tests between files).
+IGNORE_POLICY="test_accept_pair test_advisor test_bench_baseline test_bench_capture
   test_bench_merge test_bench_profile test_bench_verify_parts test_capture_log test_chain_backend_layers
   test_chain_backend_refusals test_chain_backend_test_fault test_chain_kernel_arch_fit
   test_chain_kernel_interpret test_chain_kernel_test_fault test_chain_shape test_demo
   test_flag_sources test_gpu_job_parallel
   test_hook_installation test_kernel_launcher_checks test_make_models test_marlin_jit_build
   test_package_layers test_profile test_run_suite test_sanitizer_reports test_serve_help
-  test_shard_quant_config test_suite_declarations test_upstream_patch}
+  test_shard_quant_config test_suite_declarations test_upstream_patch"
+IGNORE_KERNEL_SIDE="test_accept_pair test_advisor test_bench_baseline test_bench_capture
+  test_bench_merge test_bench_profile test_bench_verify_parts test_capture_log
+  test_chain_kernel_interpret test_demo test_gpu_job_parallel test_hook_installation
+  test_kernel_launcher_checks test_make_models test_marlin_jit_build test_package_layers
+  test_run_suite test_sanitizer_reports test_shard_quant_config test_suite_declarations"
+ignore_of() {  # ignore_of <module>: the test files (basenames) its group leaves out
+  case $1 in
+    config|backends|counters|buffers|runner|plugin) echo $IGNORE_POLICY ;;
+    chain_backend|debug/selftest|plan|compat/sglang_adapter|kernel/chain_verify_attention|kernel/triton_chain)
+      echo $IGNORE_KERNEL_SIDE ;;
+  esac
+}
+if [ -z "${MUTATION_IGNORE+set}" ]; then
+  IGNORE=$(ignore_of "${MODULES%%$'\n'*}")
+  for m in $MODULES; do
+    IGNORE=$(comm -12 <(tr ' ' '\n' <<<"$IGNORE" | grep . | sort -u) <(ignore_of "$m" | tr ' ' '\n' | grep . | sort -u) | tr '\n' ' ')
+  done
+else
+  IGNORE=$MUTATION_IGNORE
+fi
 "$PY" -c "import mutmut" 2>/dev/null || { echo "mutation_test.sh: mutmut missing in $PY; fix: $PY -m pip install mutmut" >&2; exit 2; }
 
 if [ "${MUTATION_KEEP:-0}" = 1 ] && [ -d "$W/mutants" ]; then
   # Bring the snapshot up to the checkout: a changed module is copied (mutmut then re-mutates it
   # and forgets the results of its changed functions), everything else the tests read replaced.
-  for f in "$ROOT"/python/sglang_verify_graph/*.py; do
-    cmp -s "$f" "$W/src/sglang_verify_graph/$(basename "$f")" || cp "$f" "$W/src/sglang_verify_graph/"
+  (cd "$ROOT/python" && find sglang_verify_graph -name '*.py') | while read -r f; do
+    cmp -s "$ROOT/python/$f" "$W/src/$f" || { mkdir -p "$W/src/$(dirname "$f")"; cp "$ROOT/python/$f" "$W/src/$f"; }
   done
   for dest in "$W" "$W/mutants"; do
     rm -rf "$dest/test" "$dest/bench" "$dest/scripts" "$dest/docs" "$dest/python"
@@ -109,12 +142,24 @@ from mutmut.__main__ import cli
 sys.argv = ["mutmut", "run", "--max-children", sys.argv[1]] + sys.argv[2:]
 cli()' "${MUTATION_CHILDREN:-2}" ${MUTATION_MUTANTS:-}
 "$PY" -m mutmut results --all true > "$W/results.txt" 2>&1
+# raw.txt: the run (versions, commit, command) as '#' lines, then results.txt: what
+# docs/runs/mutation/*.txt keep and `python -m bench report` renders into docs/testing.md.
+{
+  "$PY" -c 'import importlib.metadata as m, platform, sglang
+print("# mutmut %s; SGLang %s; torch %s; Python %s" % (m.version("mutmut"), sglang.__version__,
+      m.version("torch"), platform.python_version()))'
+  dirty=$(git -C "$ROOT" status --porcelain -- python/sglang_verify_graph test/cpu scripts/mutation_test.sh 2>/dev/null | head -1)
+  echo "# commit $(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)${dirty:+ (package or CPU tests changed since)}"
+  echo "# bash scripts/mutation_test.sh $(echo $MODULES)${MUTATION_MUTANTS:+ (MUTATION_KEEP=1: a re-run of $(echo $MUTATION_MUTANTS | wc -w) mutants)}"
+  cat "$W/results.txt"
+} > "$W/raw.txt"
 grep -v ": killed$" "$W/results.txt" || true
 "$PY" - "$W/results.txt" <<'PYEOF'
 import collections, re, sys
 per = collections.defaultdict(collections.Counter)
-for line in open(sys.argv[1]):
-    m = re.match(r"\s*sglang_verify_graph\.(\w+)\.\S+: (\w[\w ]*)$", line.rstrip())
+for line in open(sys.argv[1], encoding="utf-8"):
+    # sglang_verify_graph.<module, dotted>.x_<function>__mutmut_N or .xǁ<class>ǁ<method>__mutmut_N
+    m = re.match(r"\s*sglang_verify_graph\.([\w.]+)\.x[_ǁ]\S*: (\w[\w ]*)$", line.rstrip())
     if m:
         per[m.group(1)][m.group(2)] += 1
 def line(name, c):
