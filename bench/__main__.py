@@ -15,7 +15,7 @@ COMMANDS = {
     "merge": ("bench.verify.merge", "one verify table and --out JSON from earlier runs' JSON files and logs"),
     "speedup": ("bench.speedup.cli", "measured EAGLE-3 speed-up at set accept lengths (attention pair)"),
     "capture": ("bench.capture", "graph-capture time and memory per mode over repeated engine starts"),
-    "kernel": ("bench.kernel", "attention-op benchmark: the chain kernel vs SGLang's triton kernels"),
+    "kernel": ("bench.kernel.cli", "attention-op benchmark: the chain kernel vs SGLang's triton kernels"),
     "parts": ("bench.parts", "the verify step's parts timed one by one (attention, MoE, dense ops)"),
     "demo": ("bench.demo.cli", "plain, upstream and ours on three stock servers: one table, checks"),
     "models": ("bench.models.cli", "write model folders: dummy pairs, accept pairs (dummy, pair)"),

@@ -4,7 +4,8 @@ Inputs: ``docs/runs/manifest.json`` (a list of tables, each naming its raw JSON 
 ``docs/runs/``, as written by ``python -m bench verify``, ``speedup``, ``capture``, ``demo`` and
 the e2e tier) and those files. Outputs, all rendered from them and nothing else (no
 clock, no environment): ``docs/results.md``, and the block between ``<!-- results:begin -->`` and
-``<!-- results:end -->`` in ``README.md`` and ``docs/upstream_pr.md``.
+``<!-- results:end -->`` in ``README.md`` and ``docs/upstream_pr.md``; and the mutation table of
+``docs/testing.md`` from the raw mutmut results in ``docs/runs/mutation/`` (``bench.mutation_table``).
 
 ``main(argv) -> int``: 0 after writing; with ``--check`` nothing is written, and 1 with one line
 on stderr when a committed file differs from what would be rendered (2 for a missing marker,
@@ -251,8 +252,18 @@ def render_capture(spec: dict, root: str) -> List[str]:
             + ["", "Reproduce with " + "; ".join(f"`{c}`" for c in cmds) + "."])
 
 
+def render_coverage(spec: dict, root: str) -> List[str]:
+    """The prefix pair's fault coverage (``python -m bench models coverage`` files) and their commands."""
+    from bench.models.accept_pair import coverage
+
+    files = [_load(root, name) for name in spec["files"]]
+    return ([coverage.TABLE_NOTE, ""] + _table(coverage.TABLE_HEAD, coverage.table_rows(files))
+            + ["", "Reproduce with " + "; ".join(f"`{c['command']}`" for c in files) + "."])
+
+
 RENDER = {"demo": render_demo, "speedup": render_speedup, "kv_splits": render_kv_splits,
-          "verify": render_verify, "e2e": render_e2e, "capture": render_capture}
+          "verify": render_verify, "e2e": render_e2e, "capture": render_capture,
+          "coverage": render_coverage}
 
 
 # ----------------------------------------------------------------------------- the documents
@@ -271,6 +282,8 @@ How these are measured (the code is the reference: `bench/verify/`, `bench/speed
   request, so SGLang's accept length is known; decode tokens/s = (N - 1) tokens over the time of an
   N-token request minus a 1-token one, medians of 3.
 * **Capture** (`python -m bench capture`): engine starts alternating between modes.
+* **Fault coverage** (`python -m bench models coverage`, on a CPU): the prefix-reading pair's
+  simulator counts the single KV-read faults that change an output token.
 
 Each table names the one command that reproduces it on a GPU machine (`docs/gpu_testing.md`) and
 its raw file in `docs/runs/`. This file is rendered by `python -m bench report` from
@@ -285,7 +298,7 @@ def render_results(manifest: dict, root: str) -> str:
         if kind not in RENDER:
             raise ReportError(f"{MANIFEST}: table {spec.get('id')!r} has unknown kind {kind!r}")
         out += ["", f"## {spec['title']}", ""] + RENDER[kind](spec, root)
-        if kind != "capture":
+        if kind not in ("capture", "coverage"):
             cmd = spec.get("command") or gpu_job_command(_load(root, spec["files"][-1])["meta"]["command"], kind)
             out += ["", f"Reproduce with `{cmd}`."]
         out += ["Raw: " + ", ".join(f"`docs/runs/{f}`" for f in spec["files"]) + "."]
@@ -340,6 +353,11 @@ def render_all(root: str) -> Dict[str, str]:
     for path in BLOCKS:
         with open(os.path.join(root, path)) as f:
             out[path] = _splice(f.read(), render_block(manifest, root, pr=path != "README.md"), path)
+    from bench import mutation_table
+    try:
+        out.update(mutation_table.render_doc(root))
+    except (OSError, ValueError) as e:
+        raise ReportError(str(e)) from e
     return out
 
 

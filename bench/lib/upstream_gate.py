@@ -13,7 +13,7 @@ time each outcome happens, and ``stats()`` gives the counts. Under a CUDA graph 
 function runs at capture only: ``ran`` at capture means the graph holds the split-KV kernels.
 
 Engines (``python -m bench verify``) run their schedulers in spawned processes; to reach them,
-put ``bench/lib/upstream_gate_site`` first on ``PYTHONPATH`` and set
+put ``bench/lib/upstream_gate_site`` first on ``PYTHONPATH``, the repository root after it, and set
 ``BENCH_LIFT_SPLITKV_GATE=1`` (optionally ``BENCH_UPSTREAM_SRC``: a folder or tarball as for
 ``python -m bench kernel --upstream-src``): its ``sitecustomize`` calls :func:`install_from_env`
 in every Python process started so.

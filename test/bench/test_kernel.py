@@ -30,7 +30,7 @@ def test_bench_kernel_dry_run_and_block_rows_check():
 
 
 def test_tune_grid_and_split_count():
-    from bench import kernel
+    from bench.kernel import tune as kernel
     from sglang_verify_graph.kernel import ChainVerifyShape
 
     cands = kernel.tune_candidates()
@@ -138,7 +138,7 @@ def test_accuracy_check_catches_a_wrong_chain_mask():
     few fails :func:`check_rows` at every context of the grid's range, the right one passes."""
     import torch
 
-    from bench import kernel
+    from bench.kernel import inputs as kernel
     from sglang_verify_graph.kernel import chain_verify_attention_ref
 
     s = dict(h=4, kvh=2, dk=64, dv=64, rope=0)

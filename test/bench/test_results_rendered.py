@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 
-from bench import report
+from bench import mutation_table, report
 
 ROOT = report.ROOT
 
@@ -32,6 +32,8 @@ def _copy_inputs(dst):
     os.makedirs(os.path.join(dst, "docs", "runs"))
     for rel in [report.MANIFEST, report.RESULTS, *report.BLOCKS] + [os.path.join("docs", "runs", n) for n in names]:
         shutil.copy(os.path.join(ROOT, rel), os.path.join(dst, rel))
+    shutil.copy(os.path.join(ROOT, mutation_table.DOC), os.path.join(dst, mutation_table.DOC))
+    shutil.copytree(os.path.join(ROOT, mutation_table.RAW_DIR), os.path.join(dst, mutation_table.RAW_DIR))
 
 
 def test_check_fails_when_a_raw_number_changes(tmp_path, capsys):

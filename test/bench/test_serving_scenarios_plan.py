@@ -295,8 +295,9 @@ def test_log_lines_fields_and_settings_the_tests_read_are_sglangs():
     assert '"num_retractions"' in tm and '"cached_tokens"' in tm and "spec_correct_drafts_histogram" in tm
     assert '"type": "abort"' in _sglang_source("srt/managers/schedule_batch.py")
     snap = _sglang_source("srt/managers/load_snapshot.py")
-    assert all(f'"{k}"' in snap for k in ("num_used_tokens", "max_total_num_tokens", "num_running_reqs",
-                                            "num_waiting_reqs"))
+    # a dict key (0.5.16) or a dataclass field (0.5.23) of the /v1/loads payload
+    assert all(re.search(rf'"{k}"|^\s+{k}: int', snap, re.M) for k in (
+        "num_used_tokens", "max_total_num_tokens", "num_running_reqs", "num_waiting_reqs"))
     # the tests' parsers on lines in those formats
     line = ("[2026-01-01 00:00:00] Prefill batch, #new-seq: 1, #new-token: 256, #cached-token: 64, #token: 900, "
             "token usage: 0.01, #running-req: 7, #queue-req: 3, #pending-token: 0, cuda graph: False")

@@ -47,7 +47,7 @@ def test_chain_kernel_any_split_count(splits):
 @pytest.mark.parametrize("block_rows", [16, 32])
 def test_chain_kernel_either_row_block_size(block_rows):
     """48 query rows per KV head (Kimi TP-8 MLA, 6 draft tokens) as three 16-row or two 32-row
-    blocks: both tilings give the reference's output (the A/B of bench/kernel.py)."""
+    blocks: both tilings give the reference's output (the A/B of ``python -m bench kernel --block-rows``)."""
     err, row = run_case(**KIMI_TP8, ndt=6, seq_lens=[3000, 17, 900, 1], dtype=torch.bfloat16, device="cuda",
                         ctx=4096, pool_slots=40000, block_rows=block_rows, per_row="both")
     assert err < 2e-2, f"relative error {err:.3e} with block_rows={block_rows}"

@@ -8,10 +8,7 @@ import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
 if os.environ.get("BENCH_LIFT_SPLITKV_GATE") == "1":
-    _repo = os.path.dirname(os.path.dirname(os.path.dirname(_here)))
-    if _repo not in sys.path:
-        sys.path.append(_repo)
-    from bench.lib import upstream_gate
+    from bench.lib import upstream_gate  # the repository root is on PYTHONPATH after this folder
 
     upstream_gate.install_from_env()
 for _p in sys.path:  # the sitecustomize this one shadows

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
+import sys
 import time
 
 from bench.models.accept_pair.prefix import (
@@ -115,7 +117,10 @@ def main(argv=None) -> int:
     prompts = prefix_prompts(a.prompts, a.span, slack=a.slack)
     t0 = time.time()
     cov = coverage(maps, a.span, prompts, new_tokens, a.num_steps, splits)
-    result = {"span": a.span, "prompts": a.prompts, "prompt_lengths": [len(p) for p in prompts],
+    args = sys.argv[1:] if argv is None else list(argv)
+    shown = [w for w, prev in zip(args, [None] + args) if w != "--out" and prev != "--out"]
+    result = {"command": shlex.join(["python", "-m", "bench", "models", "coverage"] + shown),
+              "span": a.span, "prompts": a.prompts, "prompt_lengths": [len(p) for p in prompts],
               "new_tokens": new_tokens, "num_steps": a.num_steps, "num_kv_splits": splits,
               "coverage": cov, "coverage_s": round(time.time() - t0, 1)}
     ok = all(v["share"] is not None and v["share"] >= a.min_share for v in cov.values())
@@ -138,3 +143,29 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
     return 0 if ok else 1
+
+
+TABLE_NOTE = ("A fault counts as seen when it changes at least one output token of its request (greedy, "
+              "num_steps 3, the simulator's verify steps). page: one page-table entry of a prefix position "
+              "holding the next position's slot; split: one KV split unread; layer: one layer reading another "
+              "layer's KV buffer. Reference: the bfloat16 float forward of the built target against the "
+              "simulator's rows, clean and under sampled faults of each kind.")
+TABLE_HEAD = ["span", "prompts (tokens)", "new tokens", "KV splits", "page entries", "KV splits dropped",
+              "layer buffers", "reference mismatches"]
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    """One row of :data:`TABLE_HEAD` cells per result (:func:`main`'s ``--out`` JSON): span, prompts,
+    KV splits, per fault kind "changed / faults = share %", the float reference's mismatched rows."""
+    rows = []
+    for c in results:
+        lens = c["prompt_lengths"]
+        cells = [str(c["span"]), f"{len(lens)} x {min(lens)}-{max(lens)}", str(c["new_tokens"]), str(c["num_kv_splits"])]
+        for kind in ("page", "split", "layer"):
+            v = c["coverage"][kind]
+            cells.append(f"{v['changed']} / {v['faults']} = {100 * v['changed'] / v['faults']:.1f}%")
+        ref = c.get("reference") or []
+        cells.append(f"{sum(len(r['mismatches']) for r in ref)} in {sum(r['rows'] for r in ref)} rows, "
+                     f"{len(ref)} forwards" if ref else "not run")
+        rows.append(cells)
+    return rows
