@@ -56,9 +56,10 @@ SUITES: dict[str, Suite] = {
         "upstream / plain with every accepted count at page 1 and 64, and ours under each chain-kernel "
         "test fault (SGLANG_VERIFY_GRAPH_TEST_FAULT) changing every output as simulated; the self-test's "
         "upstream reference on the pair, and seeing a test fault; the same parity and each verify test "
-        "fault on the prefix-reading pair (1k-token prompts, outputs that read keys across the prefix)", 360,
-        (st.ACCEPT_ATTN_P1, st.ACCEPT_ATTN_P64, st.ACCEPT_ATTN_FAULT, st.SELFTEST_ATTN, st.SELFTEST_FAULT,
-         st.PREFIX_PAIR), parallel=True),
+        "fault on the prefix-reading pair (1k-token prompts, outputs that read keys across the prefix); "
+        "the draft-attention pair's accepted-draft histograms, clean and under each draft-extend test fault",
+        360, (st.ACCEPT_ATTN_P1, st.ACCEPT_ATTN_P64, st.ACCEPT_ATTN_FAULT, st.SELFTEST_ATTN, st.SELFTEST_FAULT,
+              st.PREFIX_PAIR, st.DRAFT_ATTN), parallel=True),
     "scenarios": Suite(  # est (not measured): the longest stage (340 s) +75% for 9 stages at once
         "serving situations that could corrupt KV, on the prefix-reading pair, every output token equal to "
         "the simulation, ours and upstream: 1,000 requests with mid-flight aborts (0 KV tokens used after "

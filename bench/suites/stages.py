@@ -12,6 +12,7 @@ RELIAB = "test/e2e/test_reliability_e2e.py"
 ACCEPT = "test/e2e/test_accept_length_e2e.py"
 ACCEPT_ATTN = "test/e2e/test_accept_attention_e2e.py"
 PREFIX_PAIR_E2E = "test/e2e/test_prefix_pair_e2e.py"
+DRAFT_ATTN_E2E = "test/e2e/test_draft_attention_e2e.py"
 MARLIN_JIT = "scripts/build_marlin_jit.py"
 
 # ------------------------------------------------------------------------------ kernel, self-test
@@ -106,6 +107,19 @@ PREFIX_PAIR = Group("prefix_pair", (
     # middle_page_entry
     _prefix_pair("prefix_fault_split_page", "fault and (split or page)", 200),
     _prefix_pair("prefix_fault_causal_layer", "fault and (causal or layer)", 200),  # causal +-1, wrong_layer_kv
+))
+
+def _draft_attn(name: str, k: str, est_s: int) -> Stage:
+    return Stage(name, pytest_cmd("server", DRAFT_ATTN_E2E, "-k", k, stop_first=False), "DRAFT_ATTN_TMO", 420,
+                 est_s)
+
+
+# the draft-attention pair (the draft proposes through its own draft-extend attention; the test
+# writes the pair when missing), one test group each; est (not measured): ~60 s per server start
+# and its 16 x 96 tokens
+DRAFT_ATTN = Group("draft_attn", (
+    _draft_attn("draft_attn_parity", "parity", 150),  # ours and upstream at page 1, ours at page 64
+    _draft_attn("draft_attn_fault", "fault", 200),  # ours under each of the 3 draft-extend test faults
 ))
 
 # the self-test's upstream reference on the attention pair (attention reaches the logits), then

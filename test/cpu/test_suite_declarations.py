@@ -37,7 +37,7 @@ WANT_FILES = {
                     "test/gpu/test_chain_kernel_gpu.py", "test/gpu/test_runner_selftest.py"},
     "profile": {"test/e2e/test_profile_e2e.py"},
     "accept_attn": {"test/e2e/test_accept_attention_e2e.py", "test/gpu/test_runner_selftest.py",
-                    "test/e2e/test_prefix_pair_e2e.py"},
+                    "test/e2e/test_prefix_pair_e2e.py", "test/e2e/test_draft_attention_e2e.py"},
     "scenarios": {"test/e2e/test_serving_scenarios_e2e.py"},
     "soak": {"test/e2e/test_serving_scenarios_e2e.py"},
     "bench": {bench_file("verify")},
