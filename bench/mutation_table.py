@@ -19,6 +19,8 @@ import os
 import re
 from typing import Dict, List
 
+from bench.lib.markers import splice
+
 DOC = os.path.join("docs", "testing.md")
 RAW_DIR = os.path.join("docs", "runs", "mutation")
 BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
@@ -67,16 +69,7 @@ def render(root: str) -> str:
     return "\n".join(out + [""]) + "\n"
 
 
-def splice(text: str, block: str, path: str = DOC) -> str:
-    """``text`` with the part between :data:`BEGIN` and :data:`END` replaced by ``block``; raises
-    ``ValueError`` unless there is exactly one such pair."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{path}: needs one {BEGIN} ... {END} pair")
-    head, rest = text.split(BEGIN)
-    return head + BEGIN + "\n" + block + END + rest.split(END, 1)[1]
-
-
 def render_doc(root: str) -> Dict[str, str]:
     """``{DOC: the new text of docs/testing.md}``."""
     with open(os.path.join(root, DOC), encoding="utf-8") as f:
-        return {DOC: splice(f.read(), render(root))}
+        return {DOC: splice(f.read(), render(root), DOC, BEGIN, END)}

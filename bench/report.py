@@ -4,8 +4,8 @@ Inputs: ``docs/runs/manifest.json`` (a list of tables, each naming its raw JSON 
 ``docs/runs/``, as written by ``python -m bench verify``, ``speedup``, ``capture``, ``demo`` and
 the e2e tier) and those files. Outputs, all rendered from them and nothing else (no
 clock, no environment): ``docs/results.md``, and the block between ``<!-- results:begin -->`` and
-``<!-- results:end -->`` in ``README.md`` and ``docs/upstream_pr.md``; and the mutation table of
-``docs/testing.md`` from the raw mutmut results in ``docs/runs/mutation/`` (``bench.mutation_table``).
+``<!-- results:end -->`` in ``README.md`` and ``docs/upstream_pr.md``, the kernel head to head in
+the PR text (``<!-- kernel-h2h:begin -->``), the mutation table of ``docs/testing.md`` (``bench.mutation_table``).
 
 ``main(argv) -> int``: 0 after writing; with ``--check`` nothing is written, and 1 with one line
 on stderr when a committed file differs from what would be rendered (2 for a missing marker,
@@ -20,6 +20,9 @@ import re
 import shlex
 import sys
 from typing import Dict, List, Optional, Sequence
+
+from bench import mutation_table
+from bench.lib.markers import splice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST = os.path.join("docs", "runs", "manifest.json")
@@ -261,9 +264,23 @@ def render_coverage(spec: dict, root: str) -> List[str]:
             + ["", "Reproduce with " + "; ".join(f"`{c['command']}`" for c in files) + "."])
 
 
+def render_kbench(spec: dict, root: str, points: bool = False) -> List[str]:
+    """The verify-attention kernels head to head (``python -m bench kernel`` files): per shape and
+    kernel ours / it; with ``points``, ms per layer at ``spec['ndt']`` draft tokens; the command."""
+    from bench.kernel import table
+
+    out: List[str] = []
+    for raw in [_load(root, name) for name in spec["files"]]:
+        out += [table.note(raw), ""] + _table(table.SUMMARY_HEAD, table.summary_rows(raw)) + [""]
+        out += ([f"ms per layer at {spec['ndt']} draft tokens:", ""]
+                + _table(table.POINT_HEAD, table.point_rows(raw, spec["ndt"])) + [""]) if points else []
+        out.append(f"Reproduce with `{table.command(raw)}`.")
+    return out
+
+
 RENDER = {"demo": render_demo, "speedup": render_speedup, "kv_splits": render_kv_splits,
           "verify": render_verify, "e2e": render_e2e, "capture": render_capture,
-          "coverage": render_coverage}
+          "coverage": render_coverage, "kbench": render_kbench}
 
 
 # ----------------------------------------------------------------------------- the documents
@@ -298,7 +315,7 @@ def render_results(manifest: dict, root: str) -> str:
         if kind not in RENDER:
             raise ReportError(f"{MANIFEST}: table {spec.get('id')!r} has unknown kind {kind!r}")
         out += ["", f"## {spec['title']}", ""] + RENDER[kind](spec, root)
-        if kind not in ("capture", "coverage"):
+        if kind not in ("capture", "coverage", "kbench"):
             cmd = spec.get("command") or gpu_job_command(_load(root, spec["files"][-1])["meta"]["command"], kind)
             out += ["", f"Reproduce with `{cmd}`."]
         out += ["Raw: " + ", ".join(f"`docs/runs/{f}`" for f in spec["files"]) + "."]
@@ -335,13 +352,6 @@ def render_block(manifest: dict, root: str, pr: bool) -> str:
     return "\n".join(out).replace("(RESULTS)", f"({link})") + "\n"
 
 
-def _splice(text: str, block: str, path: str) -> str:
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ReportError(f"{path}: needs one {BEGIN} ... {END} pair")
-    head, rest = text.split(BEGIN)
-    return head + BEGIN + "\n" + block + END + rest.split(END, 1)[1]
-
-
 def render_all(root: str) -> Dict[str, str]:
     """Every rendered file's full new text, keyed by its path relative to ``root``."""
     try:
@@ -352,12 +362,10 @@ def render_all(root: str) -> Dict[str, str]:
     out = {RESULTS: render_results(manifest, root)}
     for path in BLOCKS:
         with open(os.path.join(root, path)) as f:
-            out[path] = _splice(f.read(), render_block(manifest, root, pr=path != "README.md"), path)
-    from bench import mutation_table
-    try:
-        out.update(mutation_table.render_doc(root))
-    except (OSError, ValueError) as e:
-        raise ReportError(str(e)) from e
+            out[path] = splice(f.read(), render_block(manifest, root, pr=path != "README.md"), path, BEGIN, END)
+    h2h = "\n".join(render_kbench(_spec(manifest, "kbench")[0], root, points=True)) + "\n"
+    out[BLOCKS[1]] = splice(out[BLOCKS[1]], h2h, BLOCKS[1], "<!-- kernel-h2h:begin -->", "<!-- kernel-h2h:end -->")
+    out.update(mutation_table.render_doc(root))
     return out
 
 
@@ -368,7 +376,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = ap.parse_args(argv)
     try:
         new = render_all(a.root)
-    except (ReportError, KeyError, IndexError, TypeError) as e:
+    except (ReportError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
         print(f"error: bench report: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     stale = []

@@ -8,8 +8,10 @@ import math
 import torch
 import triton
 
-from bench.kernel.inputs import bench, boost_drafts, chain_reference, check_rows, decode_ms, make_inputs, upstream_layout
-from sglang_verify_graph.kernel import ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits, workspace_numel
+from bench.kernel.inputs import (bench, boost_drafts, chain_reference, check_rows, decode_ms, make_inputs,
+                                 upstream_layout)
+from sglang_verify_graph.kernel import (ChainVerifyShape, chain_verify_attention_fwd, choose_num_kv_splits,
+                                        workspace_numel)
 
 KERNELS = ("decode", "extend", "splitkv", "shared_kv", "ours", "splitkv_installed")
 DEFAULT_KERNELS = ("decode", "extend", "splitkv", "shared_kv", "ours")

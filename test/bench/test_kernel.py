@@ -208,3 +208,29 @@ def test_upstream_gate_lift_is_lab_only_and_counted(tmp_path):
                         "for f in sys.meta_path))"], capture_output=True, text=True, timeout=60,
                        env=dict(env, PYTHONPATH=f"{site}{os.pathsep}{env['PYTHONPATH']}", BENCH_LIFT_SPLITKV_GATE="1"))
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def test_head_to_head_table_counts_only_accurate_points():
+    """``bench.kernel.table``: ours / it over the points where both are ``ok`` (a declined or
+    inaccurate point is listed by status, not averaged), failed rows summed, ours / the fastest
+    accurate upstream verify kernel per point, and the rerun line without ``--out``."""
+    from bench.kernel import table
+
+    def k(ms, status="ok", failed=0):
+        return dict(ms=ms, status=status, acc=dict(rows=6, rows_failed=failed))
+
+    rows = [dict(shape="kimi_tp8_mla", ctx=1024, bs=1, ndt=3,
+                 kernels=dict(extend=k(0.4), splitkv=k(None, "declined"), shared_kv=k(0.1), ours=k(0.05))),
+            dict(shape="kimi_tp8_mla", ctx=1024, bs=8, ndt=3,
+                 kernels=dict(extend=k(0.1), splitkv=k(None, "declined"), shared_kv=k(0.01, "inaccurate", 2),
+                              ours=k(0.1)))]
+    raw = dict(rows=rows, kernels=["extend", "splitkv", "shared_kv", "ours"],
+               argv=["--out", "/tmp/x.json", "--shapes", "kimi_tp8_mla", "--bs", "1", "8"])
+    got = {r[1]: r[2:] for r in table.summary_rows(raw)}
+    assert got[table.LABEL["extend"]] == ["0.354", "0.125-1.000", "1 / 2", "-", "0 / 12"]  # sqrt(0.125 * 1)
+    assert got[table.LABEL["splitkv"]] == ["-", "-", "0 / 0", "2 declined", "0 / 12"]
+    assert got[table.LABEL["shared_kv"]] == ["0.500", "0.500-0.500", "1 / 1", "1 inaccurate", "2 / 12"]
+    pts = table.point_rows(raw, 3, bs=(1, 8))
+    assert [p[-1] for p in pts] == ["0.500", "1.000"]  # bs 8: the inaccurate shared_kv is not the best
+    assert pts[1][6] == "inaccurate"
+    assert '--out' not in table.command(raw) and 'KBENCH_ARGS="--shapes kimi_tp8_mla --bs 1 8"' in table.command(raw)
