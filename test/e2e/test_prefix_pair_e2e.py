@@ -66,7 +66,6 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
@@ -75,6 +74,7 @@ from bench.models import accept_pair as ap
 from bench.models.accept_pair import prefix as px
 from bench.models.accept_pair import prefix_sim as ps
 from bench.lib.server import ACCEPT_PAIR_ARGS
+from pair_runs import check_simulated_runs
 
 pytestmark = [pytest.mark.server]
 
@@ -246,24 +246,11 @@ def _replayed_every_step(run, one_request=False):
 def test_greedy_parity_ours_upstream_plain(prefix_pair, page):
     maps = prefix_pair[2]
     sims, hists = _predict(maps)
-    total = Counter(a for s in sims for a in s["accepted"])
-    assert set(total) == set(range(STEPS + 1)), total  # precondition: every accepted count occurs
     beside = ("plain", "upstream") if page == 1 else [m for m in ("plain", "upstream") if m in P64_MODES]
     modes = list(beside) + ["ours"]
     runs = {m: _run(prefix_pair, m, page) for m in modes}
-    for mode, run in runs.items():
-        bad = [i for i, (got, s) in enumerate(zip(run["output_ids"], sims)) if got != s["output_ids"]]
-        assert not bad, f"{mode} page {page}: requests {bad} differ from simulate_prefix"
-    spec = {m: r for m, r in runs.items() if m != "plain"}
-    for mode, run in spec.items():
-        assert run["histogram"] == hists, f"{mode} page {page}: histograms differ from the prediction"
-        assert run["verify_ct"] == [len(s["accepted"]) for s in sims], f"{mode} page {page}"
-    seen = Counter()
-    for h in runs["ours"]["histogram"]:
-        seen.update({k: n for k, n in enumerate(h) if n})
-    assert set(seen) == set(range(STEPS + 1)), f"accepted counts seen by ours: {dict(seen)}"
+    check_simulated_runs(runs, sims, hists, STEPS, f"page {page}")
     _replayed_every_step(runs["ours"])
-    assert all(r["plugin"] is None for m, r in runs.items() if m != "ours")
 
 
 @pytest.mark.parametrize("fault", FAULTS)
