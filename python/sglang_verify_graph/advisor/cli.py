@@ -42,6 +42,13 @@ Assumptions and limits
     * SGLang 0.5.16 runs k - 1 draft forwards per cycle (the first draft token comes from the
       draft-extend pass); scaling the draft phase by k over-counts it slightly (conservative).
 
+TP all-reduce prediction (``--interconnect PRESET``; model, presets and their sources:
+``sglang_verify_graph.advisor.interconnect``)
+    reads the verify as compute-only (ours, measured on one GPU at a TP shard's widths) and adds
+    a TP-n deployment's collectives: verify(TP) = (verify / decode) * (decode_ms - comm(decode))
+    + comm(verify), the all-reduces and logits all-gather over bs x 1 vs bs x (k + 1) tokens;
+    printed beside the compute-only figures, marked ``prediction (model: PRESET)``.
+
 Profile log (``--from-log FILE``; format and parser: ``sglang_verify_graph.advisor.inputs``)
     ``verify_graph_profile num_steps=2 decode_ms=12.0 verify_ms=25.6 draft_ms=1.0
     draft_extend_ms=0.3 accept_length=1.93`` (key=value, one record per line, any prefix);
@@ -54,6 +61,7 @@ import argparse
 import sys
 from typing import Dict, Optional, Sequence
 
+from sglang_verify_graph.advisor import interconnect
 from sglang_verify_graph.advisor.inputs import (LOG_TAG, AdvisorError, ProfileSummary, ms_value,
                                                 num_steps_value, parse_profile_log, rate_value,
                                                 steps_points)
@@ -163,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--measured-spec-tok-s", type=float, metavar="TOK_S",
                     help="observed speculative tok/s per sequence: print the implied "
                          "accept_length at the modelled cycle")
+    interconnect.add_arguments(ap)
     return ap
 
 
@@ -238,6 +247,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.measured_spec_tok_s is not None and not args.measured_spec_tok_s > 0:
             raise AdvisorError("--measured-spec-tok-s must be > 0")
         report = format_report(inp, args.measured_spec_tok_s)
+        tp = interconnect.from_args(args)
+        if tp is not None:
+            ic, shape, batch_size, label = tp
+            pred = interconnect.predict(inp, ic, shape, batch_size)
+            report += "\n" + "\n".join(interconnect.format_prediction(pred, inp, ic, shape,
+                                                                        label))
     except (ValueError, OSError) as exc:  # AdvisorError is a ValueError
         parser.error(str(exc))
     print(report)
