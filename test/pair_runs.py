@@ -33,3 +33,44 @@ def check_simulated_runs(runs: dict, sims: list, hists: list, steps: int, where:
         seen.update({k: n for k, n in enumerate(h) if n})
     assert set(seen) == set(range(steps + 1)), f"{where}: accepted counts seen by ours: {dict(seen)}"
     assert all(r["plugin"] is None for m, r in runs.items() if m != "ours"), f"{where}: plugin state off ours"
+
+
+def serve_prompts(target: str, draft: str, mode: str, page: int, *, prompts: list, tokens: int, steps: int,
+                  concurrency: int, common_args: list, env: dict, log_path: str) -> dict:
+    """One stock server of ``target`` at ``page`` size (``mode``: ``plain`` without speculation,
+    ``upstream`` EAGLE-3 with ``draft`` at topk 1 and ``steps`` steps, ``ours`` the same with
+    ``--enable-verify-cuda-graph``), its log at ``log_path``, ``env`` its whole environment;
+    ``prompts`` (input id lists) greedy with ``tokens`` new tokens each, ``concurrency`` at once.
+    Returns the run (module docstring) with ``concurrency``; ``plugin`` is the plugin's counters
+    (``bench.lib.server.plugin_state``: None off ours)."""
+    import concurrent.futures as cf
+    import os
+
+    from bench.lib.server import free_port, generate, launch_server, plugin_state, stop_server
+    from bench.models.accept_pair import trim_histogram
+
+    args = common_args + ["--page-size", str(page)]
+    if mode != "plain":
+        args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+                 "--speculative-eagle-topk", "1", "--speculative-num-steps", str(steps),
+                 "--speculative-num-draft-tokens", str(steps + 1)]
+    if mode == "ours":
+        args.append("--enable-verify-cuda-graph")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    base = f"http://127.0.0.1:{free_port()}"
+    proc = launch_server(target, base, args, env=env, log_path=log_path)
+    try:
+        body = lambda ids: {"input_ids": ids, "sampling_params": {  # noqa: E731
+            "max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True}}
+        with cf.ThreadPoolExecutor(concurrency) as pool:
+            outs = list(pool.map(lambda ids: generate(base, body(ids)), prompts))
+        state = plugin_state(base)
+    finally:
+        stop_server(proc)
+    return {
+        "concurrency": concurrency,
+        "output_ids": [o["output_ids"] for o in outs],
+        "verify_ct": [o["meta_info"].get("spec_verify_ct") for o in outs],
+        "histogram": [trim_histogram(o["meta_info"].get("spec_correct_drafts_histogram") or []) for o in outs],
+        "plugin": state,
+    }

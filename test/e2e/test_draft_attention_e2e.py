@@ -39,7 +39,6 @@ Env: ``DRAFT_ATTN_TOKENS`` (default 96), ``DRAFT_ATTN_FAULTS`` (default all thre
 ``E2E_MODELS_DIR`` (default /tmp/models), ``E2E_LOG_DIR`` (server logs, draft_attn_results.json).
 """
 
-import concurrent.futures as cf
 import json
 import os
 import subprocess
@@ -53,6 +52,7 @@ from bench.models import accept_pair as ap
 from bench.models.accept_pair import draft_attn as da
 from bench.models.accept_pair import draft_attn_sim as ds
 from bench.lib.server import ACCEPT_PAIR_ARGS
+from pair_runs import serve_prompts
 
 pytestmark = [pytest.mark.server]
 
@@ -93,38 +93,14 @@ def _run(pair, mode, page=1, fault=None):
     key = (mode, page, fault)
     if key in _RUNS:
         return _RUNS[key]
-    from bench.lib.server import free_port, generate, launch_server, plugin_state, stop_server
-
     target, draft, _ = pair
-    args = ACCEPT_PAIR_ARGS + [
-        "--page-size", str(page), "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", draft, "--speculative-eagle-topk", "1",
-        "--speculative-num-steps", str(STEPS), "--speculative-num-draft-tokens", str(STEPS + 1)]
-    if mode == "ours":
-        args.append("--enable-verify-cuda-graph")
     env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
     if fault:
         env[FAULT_ENV] = fault
     name = f"{mode}_p{page}" + (f"_{fault}" if fault else "")
-    os.makedirs(LOG_DIR, exist_ok=True)
-    base = f"http://127.0.0.1:{free_port()}"
-    proc = launch_server(target, base, args, env=env,
-                         log_path=os.path.join(LOG_DIR, f"server_draft_attn_{name}.log"))
-    try:
-        body = lambda ids: {"input_ids": ids, "sampling_params": {  # noqa: E731
-            "max_new_tokens": TOKENS, "temperature": 0.0, "ignore_eos": True}}
-        with cf.ThreadPoolExecutor(CONCURRENCY) as pool:
-            outs = list(pool.map(lambda ids: generate(base, body(ids)), PROMPTS))
-        state = plugin_state(base)
-    finally:
-        stop_server(proc)
-    run = {
-        "output_ids": [o["output_ids"] for o in outs],
-        "verify_ct": [o["meta_info"].get("spec_verify_ct") for o in outs],
-        "histogram": [ap.trim_histogram(o["meta_info"].get("spec_correct_drafts_histogram") or [])
-                      for o in outs],
-        "plugin": state,
-    }
+    run = serve_prompts(target, draft, mode, page, prompts=PROMPTS, tokens=TOKENS, steps=STEPS,
+                        concurrency=CONCURRENCY, common_args=ACCEPT_PAIR_ARGS, env=env,
+                        log_path=os.path.join(LOG_DIR, f"server_draft_attn_{name}.log"))
     RESULTS[name] = run
     _RUNS[key] = run
     return run

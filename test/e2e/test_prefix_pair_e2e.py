@@ -60,7 +60,6 @@ all six verify faults), ``PREFIX_PAIR_P64_MODES`` (servers beside ours at page s
 (server logs, prefix_pair_results.json).
 """
 
-import concurrent.futures as cf
 import functools
 import json
 import os
@@ -74,7 +73,7 @@ from bench.models import accept_pair as ap
 from bench.models.accept_pair import prefix as px
 from bench.models.accept_pair import prefix_sim as ps
 from bench.lib.server import ACCEPT_PAIR_ARGS
-from pair_runs import check_simulated_runs
+from pair_runs import check_simulated_runs, serve_prompts
 
 pytestmark = [pytest.mark.server]
 
@@ -191,41 +190,14 @@ def _run(pair, mode, page=1, fault=None):
     key = (mode, page, fault)
     if key in _RUNS:
         return _RUNS[key]
-    from bench.lib.server import free_port, generate, launch_server, plugin_state, stop_server
-
     target, draft, _ = pair
-    args = COMMON + ["--page-size", str(page)]
-    if mode != "plain":
-        args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-                 "--speculative-eagle-topk", "1", "--speculative-num-steps", str(STEPS),
-                 "--speculative-num-draft-tokens", str(STEPS + 1)]
-    if mode == "ours":
-        args.append("--enable-verify-cuda-graph")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SGLANG_ENABLE_VERIFY_CUDA_GRAPH", FAULT_ENV, SPLITS_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_ENABLE_VERIFY_CUDA_GRAPH", FAULT_ENV, SPLITS_ENV)}
     if fault:
         env[FAULT_ENV] = fault
     name = f"{mode}_p{page}" + (f"_{fault}" if fault else "")
-    concurrency = fault_concurrency(fault)
-    os.makedirs(LOG_DIR, exist_ok=True)
-    base = f"http://127.0.0.1:{free_port()}"
-    proc = launch_server(target, base, args, env=env,
-                         log_path=os.path.join(LOG_DIR, f"server_prefix_pair_{name}.log"))
-    try:
-        body = lambda ids: {"input_ids": ids, "sampling_params": {  # noqa: E731
-            "max_new_tokens": TOKENS, "temperature": 0.0, "ignore_eos": True}}
-        with cf.ThreadPoolExecutor(concurrency) as pool:
-            outs = list(pool.map(lambda ids: generate(base, body(ids)), PROMPTS))
-        state = plugin_state(base)
-    finally:
-        stop_server(proc)
-    run = {
-        "concurrency": concurrency,
-        "output_ids": [o["output_ids"] for o in outs],
-        "verify_ct": [o["meta_info"].get("spec_verify_ct") for o in outs],
-        "histogram": [ap.trim_histogram(o["meta_info"].get("spec_correct_drafts_histogram") or []) for o in outs],
-        "plugin": state,
-    }
+    run = serve_prompts(target, draft, mode, page, prompts=PROMPTS, tokens=TOKENS, steps=STEPS,
+                        concurrency=fault_concurrency(fault), common_args=COMMON, env=env,
+                        log_path=os.path.join(LOG_DIR, f"server_prefix_pair_{name}.log"))
     RESULTS[name] = run
     _RUNS[key] = run
     return run
