@@ -40,7 +40,13 @@ the ``ptxas -v`` log of the bundled ptxas that builds the cubin inside Triton
 (TRITON_DUMP_PTXAS_LOG: same binary and flags, so the count is the cubin's, which the driver
 reports as ``n_regs`` at load), or, where that log is missing, from running that ptxas with
 ``-v --gpu-name`` on the build's PTX. A build fits when shared <= limit, registers <= 255 and
-registers x 32 x num_warps <= 65536; spills are printed, not refused.
+registers x 32 x num_warps <= 65536.
+
+Spills. On sm_90 no build spills. Elsewhere only MLA's stage-1 tile at 32 rows (512-wide fp32
+accumulator, 4 warps: 255 registers) spills, at most ``SPILL_BOUND_BYTES`` stored and as many
+loaded per thread (ptxas' "bytes spill stores / loads"); every other build spills nothing. 8 warps
+would remove those spills (about 170 registers), but 4 warps is the faster setting of that tile
+where it was timed (sm_90), so the 4-warp build stays until an arch where it spills times both.
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ except ImportError as e:  # pragma: no cover - another Triton layout
 SHARED_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 REGS_PER_BLOCK = 64 * 1024
 REGS_PER_THREAD = 255
+# Spill bytes per thread (stores, and loads alike) allowed off sm_90, MLA's 32-row stage-1 tile only.
+SPILL_BOUND_BYTES = 64
 
 # The real kernels, taken before any test swaps them for recorders.
 KERNELS = {"_chain_verify_stage1": cva._chain_verify_stage1, "_chain_verify_stage2": cva._chain_verify_stage2}
@@ -341,6 +349,13 @@ def _chosen(compiler, cc, reps):
     return chosen
 
 
+def _may_spill(key):
+    """The one class allowed to spill (within the bound): MLA's stage-1 tile at 32 rows."""
+    name, _, kw = key
+    kw = dict(kw)
+    return name == STAGE1 and kw["BLOCK_R"] == 32 and kw["BLOCK_DV"] >= 512
+
+
 def _describe(key):
     name, dtypes, kw = key
     kw = dict(kw)
@@ -355,7 +370,7 @@ def test_every_chain_build_fits_the_arch(cc, builds, compiler):
     reps = {key: members[0] for key, members in builds.classes.items()}
     chosen = _chosen(compiler, cc, reps)
     limit = SHARED_LIMIT[cc]
-    bad, lowered, spills = [], [], []
+    bad, lowered, spills, over = [], [], [], []
     for key, (build, res) in chosen.items():
         what = f"{_describe(key)} num_stages={res['num_stages']}"
         threads = 32 * res["num_warps"]
@@ -365,6 +380,8 @@ def test_every_chain_build_fits_the_arch(cc, builds, compiler):
             lowered.append(f"{what} (from {reps[key][2]['num_stages']}): {res['shared']} B")
         if res["spill_stores"] or res["spill_loads"]:
             spills.append(f"{what}: spills {res['spill_stores']} B stored, {res['spill_loads']} B loaded")
+            if cc == 90 or not _may_spill(key) or max(res["spill_stores"], res["spill_loads"]) > SPILL_BOUND_BYTES:
+                over.append(spills[-1])
     top_shared = max(chosen.items(), key=lambda kv: kv[1][1]["shared"])
     top_regs = max(chosen.items(), key=lambda kv: kv[1][1]["regs"])
     print(f"\n{_arch(cc)}: {len(builds.exact)} builds, {len(chosen)} classes compiled; max shared "
@@ -373,6 +390,8 @@ def test_every_chain_build_fits_the_arch(cc, builds, compiler):
     for line in [f"lowered: {x}" for x in lowered] + spills:
         print("  " + line)
     assert not bad, f"builds that do not fit {_arch(cc)}:\n" + "\n".join(bad)
+    assert not over, (f"builds that spill past the bound on {_arch(cc)} (0 on sm_90; elsewhere "
+                      f"{SPILL_BOUND_BYTES} B, MLA's 32-row stage-1 tile only):\n" + "\n".join(over))
     if cc == 90:
         assert not lowered, "the H200 (sm_90) choice changed:\n" + "\n".join(lowered)
 
