@@ -127,15 +127,21 @@ def rate_value(text: str) -> float:
     return _number(text, "acceptance rate", 0.0, 1.0, "in [0, 1]")
 
 
-def num_steps_value(text: str) -> int:
-    """num_steps: an integer >= 1."""
+def int_at_least(text: str, what: str, low: int, hint: str = "") -> int:
+    """``text`` as an integer >= ``low``; else raises argparse.ArgumentTypeError naming ``what``
+    (``hint``, e.g. ``" (e.g. --tp 8)"``, ends the message)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"num_steps {text!r} is not an integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"num_steps {text!r} must be >= 1")
+        raise argparse.ArgumentTypeError(f"{what}{text!r} is not an integer{hint}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{what}{text!r} must be >= {low}{hint}")
     return value
+
+
+def num_steps_value(text: str) -> int:
+    """num_steps: an integer >= 1."""
+    return int_at_least(text, "num_steps ", 1)
 
 
 def steps_points(text: str) -> Dict[int, float]:

@@ -56,7 +56,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from sglang_verify_graph.advisor.inputs import AdvisorError
+from sglang_verify_graph.advisor.inputs import AdvisorError, int_at_least
 from sglang_verify_graph.advisor.model import Inputs, evaluate
 
 
@@ -217,24 +217,12 @@ def format_prediction(pred: TPPrediction, inp: Inputs, ic: Interconnect,
 
 def tp_value(text: str) -> int:
     """--tp: an integer >= 2; else raises argparse.ArgumentTypeError."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"TP size {text!r} is not an integer (e.g. --tp 8)")
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"TP size {text!r} must be >= 2 (e.g. --tp 8)")
-    return value
+    return int_at_least(text, "TP size ", 2, " (e.g. --tp 8)")
 
 
 def positive_int_value(text: str) -> int:
     """An integer >= 1 (batch size, layers, widths); else raises argparse.ArgumentTypeError."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
+    return int_at_least(text, "", 1)
 
 
 def bus_gbps_value(text: str) -> float:
