@@ -95,8 +95,12 @@ def test_is_enabled_reads_environment_when_not_given(monkeypatch):
 
 
 def test_env_values_reach_the_config(make_args):
-    cfg = build_config(make_args(), read_env({ENV_ENABLE: "1", ENV_NUM_KV_SPLITS: "8", ENV_LOG_EVERY: "25"}))
-    assert (cfg.num_kv_splits, cfg.log_every) == (8, 25)
+    from sglang_verify_graph.env import ENV_TEST_FAULT
+
+    cfg = build_config(make_args(), read_env({ENV_ENABLE: "1", ENV_NUM_KV_SPLITS: "8", ENV_LOG_EVERY: "25",
+                                              ENV_TEST_FAULT: "drop_middle_split"}))
+    assert (cfg.num_kv_splits, cfg.log_every, cfg.test_fault) == (8, 25, "drop_middle_split")
+    assert build_config(make_args(), read_env({ENV_ENABLE: "1"})).test_fault is None
 
 
 def test_build_config_reads_os_environ_by_default(monkeypatch, make_args):

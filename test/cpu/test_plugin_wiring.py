@@ -145,8 +145,9 @@ def _env(monkeypatch, **fields):
     monkeypatch.setattr(plugin, "read_env", lambda: EnvSettings(**fields))
 
 
-def test_register_installs_what_the_environment_asks_and_logs_it(registry, monkeypatch, caplog):
-    _env(monkeypatch, enable=True, profile_every=5)
+@pytest.mark.parametrize("profile_every", [1, 5])
+def test_register_installs_what_the_environment_asks_and_logs_it(registry, monkeypatch, caplog, profile_every):
+    _env(monkeypatch, enable=True, profile_every=profile_every)
     with caplog.at_level(logging.INFO, logger="sglang_verify_graph"):
         plugin.register()
     assert registry.calls == [_cli_table() + _runtime_table() + _PROFILE]
@@ -186,7 +187,7 @@ def test_register_exits_1_with_one_line_when_a_requested_hook_failed(registry, m
         "profile_equals", "profile_abbreviated"])
 def test_outside_the_range_a_request_gets_one_line(registry, monkeypatch, capsys, fields, argv, asked_by):
     _env(monkeypatch, **fields)
-    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", "m", *argv])
+    monkeypatch.setattr(sys, "argv", ["launch_server", *argv, "--model-path", "m"])  # read from argv[1] on
     monkeypatch.setattr(adapter, "IN_RANGE", False)
     monkeypatch.setattr(adapter, "SGLANG_VERSION", "0.5.24")
     with pytest.raises(SystemExit) as info:

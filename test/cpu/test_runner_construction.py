@@ -71,17 +71,21 @@ def _model_runner(backend, cfg=None, aux_layers=None):
 
 @pytest.fixture(autouse=True)
 def gpu_memory(monkeypatch):
-    """Free GPU memory, GiB, as the adapter reads it: 10.0 before the capture, 9.25 after."""
-    readings = iter([10.0, 9.25])
-    monkeypatch.setattr(R.adapter, "available_gpu_memory", lambda mr: next(readings))
+    """Free GPU memory, GiB, as the adapter reads it: 10.0 before the capture, 9.25 after. Returns
+    the model runners it was read for, in order."""
+    readings, seen = iter([10.0, 9.25]), []
+    monkeypatch.setattr(R.adapter, "available_gpu_memory", lambda mr: seen.append(mr) or next(readings))
+    return seen
 
 
 @pytest.mark.parametrize("use_mla", [False, True], ids=["MHA", "MLA"])
-def test_a_chain_runner_declares_its_buffers_and_fills_the_counters(parent, use_mla):
-    mr = _model_runner(_chain_backend(use_mla), aux_layers=[1, 5])
+def test_a_chain_runner_declares_its_buffers_and_fills_the_counters(parent, gpu_memory, use_mla):
+    mr = _model_runner(_chain_backend(use_mla), chain_config(log_every=7), aux_layers=[1, 5])
     r = R.VerifyCudaGraphRunner(mr)
     counters = r.counters
     assert parent.model_runner is mr  # SGLang's capture runs on this model runner
+    assert gpu_memory == [mr, mr]  # free memory of this runner's device, before and after
+    assert counters.log_every == 7
     assert r.chain is True and r.verify_cfg.num_draft_tokens == NDT and C.get_counters() is counters
     assert r.static_buffers == R.VerifyStaticBuffers(
         max_bs=MAX_BS, num_draft_tokens=NDT, hidden_size=HIDDEN, num_aux_hidden=2, vocab_size=VOCAB,
@@ -181,3 +185,25 @@ def test_the_chain_kernel_drops_the_tree_mask_a_native_backend_keeps_it(monkeypa
     spec = r.get_spec_info(12)
     assert spec.n == 12 and spec.custom_mask == (None if chain else "MASK")
     assert r.get_spec_info(0) is None
+
+
+@pytest.mark.parametrize("max_running", [None, 8, 32])
+def test_the_capture_is_logged_and_an_eager_range_warned(parent, caplog, max_running):
+    """One INFO line says what was captured; a WARNING names the batch sizes above the largest
+    bucket (8 here) that will verify eagerly, exactly as ``counters.eager_cliff_warning`` words it."""
+    import logging
+    import re
+
+    mr = _model_runner(_chain_backend())
+    mr.max_running_requests = max_running
+    with caplog.at_level(logging.INFO, logger="sglang_verify_graph"):
+        R.VerifyCudaGraphRunner(mr)
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(info) == 1 and re.fullmatch(
+        r"VerifyCudaGraphRunner captured TARGET_VERIFY graphs: capture_bs=\[1, 2, 4, 8\], num_draft_tokens=3 "
+        r"tokens/request, attention=chain split-KV \(MHA\), \d+\.\d\d s, 0\.750 GiB", info[0]), info
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if max_running == 32:
+        assert warned == [C.eager_cliff_warning(32, [1, 2, 4, 8])] and "9..32 requests" in warned[0]
+    else:
+        assert warned == []
